@@ -1,0 +1,1 @@
+"""The Streamlit dashboard: presentation only, on top of `probe`."""

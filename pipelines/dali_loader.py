@@ -1,0 +1,198 @@
+"""The NVIDIA DALI backend: file reader, image decoder with random crop, resize, normalize.
+
+`readers.file` (sharded by DALI, named) -> `decoders.image_random_crop` (`mixed`: nvJPEG and the
+hardware JPEG decoder on a GPU; `cpu`: libjpeg-turbo) -> `resize` -> `crop_mirror_normalize`
+(CHW, float32, random mirror), exposed through `DALIGenericIterator` with `reader_name`. The
+reader gets the same file list, in the same order, as the DataLoader backend and no shuffling of
+its own (its `random_shuffle` re-orders the list before sharding, with a fixed internal seed), so
+both backends read the same files for a shard. DALI is imported here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+from PIL import Image
+
+from pipelines.dataset import Dataset, shard
+from pipelines.errors import DALI_INSTALL_HINT, BackendUnavailable, CorruptImageError
+from pipelines.loader import Batch, InputPipeline
+from pipelines.spec import Backend, Decoder, PipelineSpec
+
+try:
+    from nvidia.dali import fn, pipeline_def, types
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+except ImportError as error:  # an extra: only this backend is unavailable without it
+    raise BackendUnavailable(DALI_INSTALL_HINT) from error
+
+READER_NAME = "Reader"
+# Scratch buffers sized for ImageNet, as in DALI's ResNet-50 example: no reallocation mid-run.
+DEVICE_MEMORY_PADDING = 211_025_920
+HOST_MEMORY_PADDING = 140_544_512
+_DECODE_FAILURE = re.compile(r"Failed to decode sample #\d+ : (.+)$", re.MULTILINE)
+_DATA_FAILURES = ("fn.decoders.", "fn.readers.file", "Failed to decode")
+
+
+class DaliPipeline(InputPipeline):
+    """A DALI pipeline over one shard, yielding normalized float32 batches on the device."""
+
+    backend: ClassVar[Backend] = Backend.DALI
+
+    def __init__(self, spec: PipelineSpec, dataset: Dataset) -> None:
+        super().__init__(spec, dataset)
+        self._batches_read = 0  # in the current epoch: where a failure happened
+        self._iterator: Any = None
+        self._iterator = self._start()
+
+    def __iter__(self) -> Iterator[Batch]:
+        while True:
+            self._batches_read = 0
+            try:
+                for outputs in self._iterator:
+                    self._batches_read += 1
+                    images, labels = outputs[0]["images"], outputs[0]["labels"]
+                    yield Batch(images, labels.view(-1).long())
+                return
+            except RuntimeError as error:
+                self._skip_or_raise(error)
+                # DALI's pipeline is dead after a decode error: build one without the file.
+                # The shard's epoch starts over, and shard bounds move by the files skipped.
+                self._iterator = self._start()
+
+    def close(self) -> None:
+        self._iterator = None
+
+    def _start(self) -> Any:
+        """Builds the DALI pipeline and its iterator, which decodes the first batches at once."""
+        while True:
+            try:
+                return DALIGenericIterator(
+                    self._build(),
+                    ["images", "labels"],
+                    reader_name=READER_NAME,
+                    last_batch_policy=LastBatchPolicy.PARTIAL,
+                    auto_reset=True,
+                )
+            except RuntimeError as error:
+                self._batches_read = 0
+                self._skip_or_raise(error)
+
+    def _skip_or_raise(self, error: RuntimeError) -> None:
+        """Names the undecodable file behind a DALI failure, or records it as skipped."""
+        culprits = self._undecodable_files(str(error))
+        if not culprits:
+            raise error
+        if not self.spec.skip_corrupt:
+            raise CorruptImageError(culprits[0], "DALI could not read or decode it") from None
+        new = [path for path in culprits if path not in self.skipped_files]
+        if not new:
+            raise error
+        self.skipped_files.extend(new)
+
+    def _undecodable_files(self, message: str) -> list[str]:
+        """The files behind a reader or decoder failure.
+
+        DALI names the file when libjpeg-turbo fails mid-stream, but not when a header cannot be
+        parsed or a file is empty. Then the culprit is among the batches in flight: the ones after
+        those read so far, up to the prefetch depth. Those files are decoded with Pillow.
+        """
+        if not any(marker in message for marker in _DATA_FAILURES):
+            return []
+        named = _DECODE_FAILURE.search(message)
+        if named is not None:
+            return [named.group(1).strip()]
+        files = shard(self._readable(), self.spec.shard_id, self.spec.num_shards).files
+        batch = self.spec.batch_size
+        start = self._batches_read * batch
+        window = min(len(files), (self.spec.dali.prefetch_queue_depth + 2) * batch)
+        candidates = [files[(start + i) % len(files)] for i in range(window)]
+        return [path for path in candidates if not _decodable(path)]
+
+    def _readable(self) -> Dataset:
+        """The dataset less the files skipped: what DALI's reader gets (and shards)."""
+        skipped = set(self.skipped_files)
+        kept = [
+            (path, label)
+            for path, label in zip(self.dataset.files, self.dataset.labels, strict=True)
+            if path not in skipped
+        ]
+        return Dataset(
+            root=self.dataset.root,
+            classes=self.dataset.classes,
+            files=tuple(path for path, _ in kept),
+            labels=tuple(label for _, label in kept),
+        )
+
+    def _build(self) -> Any:
+        spec, augmentation = self.spec, self.spec.augmentation
+        readable = self._readable()
+        decoder = spec.dali_decoder
+        decoder_options: dict[str, Any] = {}
+        if decoder is Decoder.MIXED:
+            decoder_options = {
+                "hw_decoder_load": spec.dali.hw_decoder_load,
+                "device_memory_padding": DEVICE_MEMORY_PADDING,
+                "host_memory_padding": HOST_MEMORY_PADDING,
+            }
+        on_gpu = spec.device is not None
+
+        @pipeline_def(  # type: ignore[untyped-decorator]
+            batch_size=spec.batch_size,
+            num_threads=spec.dali.num_threads,
+            device_id=spec.device,
+            seed=spec.seed,
+            prefetch_queue_depth=spec.dali.prefetch_queue_depth,
+        )
+        def graph() -> tuple[Any, Any]:
+            encoded, labels = fn.readers.file(
+                files=list(readable.files),
+                labels=list(readable.labels),
+                shard_id=spec.shard_id,
+                num_shards=spec.num_shards,
+                random_shuffle=False,
+                stick_to_shard=True,
+                pad_last_batch=True,  # with PARTIAL, epochs end exactly at the shard's end
+                name=READER_NAME,
+            )
+            images: Any = fn.decoders.image_random_crop(
+                encoded,
+                device=decoder.value,
+                output_type=types.RGB,
+                random_area=list(augmentation.crop_area),
+                random_aspect_ratio=list(augmentation.crop_aspect_ratio),
+                num_attempts=augmentation.crop_attempts,
+                **decoder_options,
+            )
+            images = fn.resize(
+                images,
+                resize_x=spec.image_size,
+                resize_y=spec.image_size,
+                interp_type=types.INTERP_LINEAR,
+                antialias=True,
+            )
+            if on_gpu and decoder is Decoder.CPU:
+                images = (
+                    images.gpu()
+                )  # resized on the CPU: the smallest copy; normalized on the GPU
+            images = fn.crop_mirror_normalize(
+                images,
+                dtype=types.FLOAT,
+                output_layout="CHW",
+                mean=[m * 255 for m in augmentation.mean],
+                std=[s * 255 for s in augmentation.std],
+                mirror=fn.random.coin_flip(probability=augmentation.flip_probability),
+            )
+            return images, labels.gpu() if on_gpu else labels
+
+        return graph()
+
+
+def _decodable(path: str) -> bool:
+    try:
+        with Image.open(path) as image:
+            image.load()
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError):
+        return False
+    return True

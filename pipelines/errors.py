@@ -1,0 +1,29 @@
+"""Errors a user can act on. Their messages are one line and name the problem."""
+
+from __future__ import annotations
+
+
+class InputError(ValueError):
+    """Bad input from the user: a setting, a path or a device that cannot work."""
+
+
+class CorruptImageError(InputError):
+    """An image file in the dataset cannot be decoded."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(
+            f"corrupt or truncated image: {path} ({reason}); "
+            "remove it, or skip and count such files (--skip-corrupt, skip_corrupt=True)"
+        )
+        self.path = path
+        self.reason = reason
+
+
+class BackendUnavailable(InputError):
+    """A pipeline backend (DALI) is not installed on this machine."""
+
+
+DALI_INSTALL_HINT = (
+    "NVIDIA DALI is not installed: pip install 'feedscope[dali]' (CUDA 12) "
+    "or 'feedscope[dali-cuda13]' (CUDA 13)"
+)

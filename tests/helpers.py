@@ -1,0 +1,41 @@
+"""Test helpers: images whose colour tells which file they came from."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+# Solid-colour images whose colour encodes the file's index: any crop, resize or flip of them
+# keeps the colour, so a batch tells exactly which files a pipeline read, whatever the backend.
+CODE_STEP = 24  # grey levels between codes; JPEG moves a flat colour by a level or two
+CODES_PER_CHANNEL = 10
+
+
+def code_color(index: int) -> tuple[int, int, int]:
+    """The RGB colour of file number `index` (up to 100 files)."""
+    red, green = index % CODES_PER_CHANNEL, index // CODES_PER_CHANNEL
+    return 12 + CODE_STEP * red, 12 + CODE_STEP * green, 128
+
+
+def decode_codes(images: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> list[int]:
+    """File numbers of a batch of normalized float images of `code_color` files."""
+    mean_t = torch.tensor(mean).view(1, 3, 1, 1) * 255
+    std_t = torch.tensor(std).view(1, 3, 1, 1) * 255
+    pixels = (images.float().cpu() * std_t + mean_t).mean(dim=(2, 3))
+    red = ((pixels[:, 0] - 12) / CODE_STEP).round().long()
+    green = ((pixels[:, 1] - 12) / CODE_STEP).round().long()
+    return (green * CODES_PER_CHANNEL + red).tolist()
+
+
+def write_jpeg(path: Path, pixels: np.ndarray, quality: int = 95) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(pixels).save(path, "JPEG", quality=quality)
+    return path
+
+
+def solid(color: tuple[int, int, int], height: int = 72, width: int = 96) -> np.ndarray:
+    return np.broadcast_to(np.array(color, np.uint8), (height, width, 3)).copy()

@@ -1,0 +1,82 @@
+"""The README says what the code does: its commands are the ones CI runs and the CLI has."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from helpers import solid, write_jpeg
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def bash_blocks() -> list[str]:
+    return [block.strip() for block in re.findall(r"```bash\n(.*?)```", README, re.DOTALL)]
+
+
+def test_the_two_set_up_commands_come_first_and_ci_runs_the_test_command() -> None:
+    main_job, tests = bash_blocks()[:2]
+    assert main_job.startswith("pip install") and main_job.endswith("probe bench")
+    assert tests.startswith("pip install") and tests.endswith("pytest")
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert tests in ci.splitlines()
+
+
+def test_every_documented_command_exists() -> None:
+    commands = {
+        line.split()[1]
+        for block in bash_blocks()
+        for line in block.splitlines()
+        if line.startswith("probe ")
+    }
+    assert commands >= {"bench", "data"}
+    for command in commands:
+        result = subprocess.run(
+            [sys.executable, "-m", "probe", command, "--help"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert result.returncode == 0, (command, result.stderr)
+
+
+def test_documented_bench_json_keys_are_the_real_ones(tmp_path: Path) -> None:
+    example = re.search(r'```json\n(\{"schema": "feedscope.bench/1".*?)```', README, re.DOTALL)
+    assert example is not None
+    documented = set(re.findall(r'"(\w+)":', example.group(1)))
+    for n in range(4):
+        write_jpeg(tmp_path / "data" / "a" / f"{n}.jpg", solid((40 * n, 90, 90)))
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "probe",
+            "bench",
+            "--data",
+            str(tmp_path / "data"),
+            "--gpu",
+            "none",
+            "--json",
+            "--batch-size",
+            "2",
+            "--batches",
+            "2",
+            "--warmup",
+            "1",
+            "--workers",
+            "0",
+            "--threads",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    real = set(document) | {key for row in document["results"] for key in row}
+    assert documented == real
