@@ -2,8 +2,9 @@
 
 Written as the baseline a careful engineer would write, so that a comparison with DALI is fair:
 
-- crop and resize in one Pillow call (`Image.resize(box=...)`), and let libjpeg decode at 1/2,
-  1/4 or 1/8 scale (`Image.draft`) when the crop is still at least the output size after it;
+- let libjpeg decode at 1/2, 1/4 or 1/8 scale (`Image.draft`) when the crop is still at least the
+  output size after it; crop in Pillow, resize with torch's uint8 antialiased bilinear kernel
+  (twice as fast as Pillow's), straight into the CHW layout the batch has;
 - workers hand over uint8 pixels (4x less shared memory and host-to-device traffic than float32),
   stacked straight into shared memory; the pipeline normalizes on the device after the copy;
 - pinned memory and non-blocking copies on a GPU, persistent workers, seeded augmentation.
@@ -15,12 +16,14 @@ from __future__ import annotations
 
 import math
 import random
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import ClassVar
 
 import numpy as np
 import torch
 from PIL import Image
+from torch.nn import functional
 from torch.utils.data import DataLoader, default_collate, get_worker_info
 
 from pipelines.dataset import Dataset
@@ -121,16 +124,16 @@ class ShardDataset(torch.utils.data.Dataset[_Sample]):
             pixels = load_augmented(path, self.image_size, self.augmentation, self.rng)
         except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:
             return None, label, f"{path}\t{type(error).__name__}: {error}"
-        return torch.from_numpy(pixels).permute(2, 0, 1), label, None
+        return pixels, label, None
 
 
 def load_augmented(
     path: str, size: int, augmentation: Augmentation, rng: random.Random
-) -> np.ndarray:
+) -> torch.Tensor:
     """Decodes one image and applies random resized crop and horizontal flip.
 
     Returns:
-        size x size x 3 uint8 RGB pixels.
+        3 x size x size uint8 RGB pixels, contiguous.
     """
     with Image.open(path) as image:
         full_width, full_height = image.size
@@ -143,12 +146,30 @@ def load_augmented(
             target = (math.ceil(full_width / reduction), math.ceil(full_height / reduction))
             image.draft(image.mode, target)
         scale_x, scale_y = image.size[0] / full_width, image.size[1] / full_height
-        rgb = image if image.mode == "RGB" else image.convert("RGB")
-        box = (left * scale_x, top * scale_y, (left + width) * scale_x, (top + height) * scale_y)
-        out = rgb.resize((size, size), Image.Resampling.BILINEAR, box=box)
+        box = (
+            round(left * scale_x),
+            round(top * scale_y),
+            max(round((left + width) * scale_x), round(left * scale_x) + 1),
+            max(round((top + height) * scale_y), round(top * scale_y) + 1),
+        )
+        crop = image.crop(box)
+    if crop.mode != "RGB":
+        crop = crop.convert("RGB")
+    # torch's antialiased bilinear resize of uint8 channels-last images (the one torchvision's v2
+    # transforms use) is twice as fast as Pillow's, and its pixels differ by a grey level or two.
+    pixels = _pixels(crop).permute(2, 0, 1).unsqueeze(0)
+    resized = functional.interpolate(pixels, size=(size, size), mode="bilinear", antialias=True)[0]
     if rng.random() < augmentation.flip_probability:
-        out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-    return np.array(out)  # writable, as torch.from_numpy wants
+        resized = resized.flip(-1)
+    return resized
+
+
+def _pixels(image: Image.Image) -> torch.Tensor:
+    """H x W x 3 uint8 view of an RGB image's pixels."""
+    with warnings.catch_warnings():
+        # Pillow hands the pixels over as read-only bytes; they are only read here.
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(np.asarray(image))
 
 
 def random_resized_crop(
