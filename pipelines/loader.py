@@ -61,6 +61,20 @@ class InputPipeline(abc.ABC):
     def __iter__(self) -> Iterator[Batch]:
         """Yields the batches of one epoch."""
 
+    def forever(self) -> Iterator[Batch]:
+        """Yields batches epoch after epoch.
+
+        Raises:
+            InputError: an epoch yielded nothing (every image of the shard was skipped).
+        """
+        while True:
+            yielded = False
+            for batch in self:
+                yielded = True
+                yield batch
+            if not yielded:
+                raise InputError("every image of the shard was skipped as corrupt: nothing to read")
+
     def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
         """Stops worker processes or threads; the pipeline cannot be used afterwards."""
 

@@ -10,10 +10,11 @@ normalized with the spec's mean and std, and int64 labels, on the spec's device.
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pipelines.errors import InputError
 
@@ -85,10 +86,19 @@ class DataLoaderOptions:
     pin_memory: bool = True  # used only when the device is a GPU
     persistent_workers: bool = True  # used only with num_workers > 0
     output_dtype: OutputDtype = OutputDtype.UINT8
+    # How workers start: fork, forkserver or spawn; None: what a fresh Python process uses
+    # (fork on Linux before Python 3.14), not what the calling process inherited.
+    start_method: str | None = None
 
     def __post_init__(self) -> None:
         _require_int(self.num_workers, "num_workers", minimum=0)
         _require_int(self.prefetch_factor, "prefetch_factor", minimum=1)
+        methods = multiprocessing.get_all_start_methods()
+        _require(
+            self.start_method is None or self.start_method in methods,
+            f"unknown worker start method {self.start_method!r} "
+            f"(choose from: {', '.join(methods)})",
+        )
         object.__setattr__(
             self, "output_dtype", _as_enum(OutputDtype, self.output_dtype, "output dtype")
         )
@@ -171,8 +181,39 @@ class PipelineSpec:
         """The same pipeline reading another shard."""
         return dataclasses.replace(self, shard_id=shard_id, num_shards=num_shards)
 
+    def as_dict(self) -> dict[str, Any]:
+        """Plain values (JSON-ready): enums as their values, paths as strings."""
+        return _plain(dataclasses.asdict(self))  # type: ignore[no-any-return]
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> PipelineSpec:
+        """The spec `as_dict` described (validated again)."""
+        fields = dict(values)
+        augmentation = dict(fields.pop("augmentation", {}))
+        for pair in ("crop_area", "crop_aspect_ratio", "mean", "std"):
+            if pair in augmentation:
+                augmentation[pair] = tuple(augmentation[pair])
+        return cls(
+            augmentation=Augmentation(**augmentation),
+            dataloader=DataLoaderOptions(**fields.pop("dataloader", {})),
+            dali=DaliOptions(**fields.pop("dali", {})),
+            **fields,
+        )
+
 
 _E = TypeVar("_E", bound=Enum)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, Path):
+        return str(value)
+    return value
 
 
 def _as_enum(kind: type[_E], value: object, what: str) -> _E:

@@ -15,6 +15,7 @@ No torchvision: the augmentation follows torchvision's RandomResizedCrop and Ran
 from __future__ import annotations
 
 import math
+import multiprocessing
 import random
 import warnings
 from collections.abc import Iterator, Sequence
@@ -65,6 +66,7 @@ class TorchPipeline(InputPipeline):
             persistent_workers=options.persistent_workers and workers > 0,
             worker_init_fn=_seed_worker,
             generator=torch.Generator().manual_seed(spec.seed),
+            multiprocessing_context=_start_method(options.start_method) if workers > 0 else None,
         )
 
     def __iter__(self) -> Iterator[Batch]:
@@ -221,6 +223,15 @@ class _Collate:
         if self.float_output:
             images = self.normalize(images)
         return images, labels, failures
+
+
+def _start_method(asked: str | None) -> str:
+    """The start method asked for, else the one a fresh Python process would use.
+
+    Not the calling process's own default: a process that was itself spawned (a probe lane)
+    defaults to spawn, and its workers would then start and stop unlike a training script's.
+    """
+    return asked or multiprocessing.get_all_start_methods()[0]
 
 
 def _seed_worker(worker_id: int) -> None:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from pipelines import Backend, Batch, InputError, InputPipeline, PipelineSpec, build_pipeline
+from pipelines import Backend, PipelineSpec, build_pipeline
 from pipelines.dataset import Dataset
+from probe.devices import device_sync
 
 
 @dataclass(frozen=True)
@@ -61,10 +62,10 @@ def bench_pipeline(
     """
     if duration_s is None and max_batches is None:
         raise ValueError("give duration_s, max_batches or both")
-    sync = _device_sync(spec.device)
+    sync = device_sync(spec.device)
     started = time.perf_counter()
     with build_pipeline(spec, backend, dataset=dataset) as pipeline:
-        batches = _endless(pipeline)
+        batches = pipeline.forever()
         for _ in range(warmup_batches):
             next(batches)
         sync()
@@ -100,22 +101,3 @@ def bench_pipeline(
         batch_interval_ms_p95=quantiles[18] * 1e3,
         skipped_files=skipped,
     )
-
-
-def _endless(pipeline: InputPipeline) -> Iterator[Batch]:
-    """The pipeline's batches, epoch after epoch."""
-    while True:
-        yielded = False
-        for batch in pipeline:
-            yielded = True
-            yield batch
-        if not yielded:
-            raise InputError("every image of the shard was skipped as corrupt: nothing to measure")
-
-
-def _device_sync(device: int | None) -> Callable[[], None]:
-    if device is None:
-        return lambda: None
-    import torch
-
-    return lambda: torch.cuda.synchronize(device)

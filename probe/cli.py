@@ -1,21 +1,25 @@
 """The `probe` command (also `python -m probe`).
 
-Exit codes: 0 ok, 1 the measured thing failed, 2 bad usage or bad input (one line, no
-traceback). With `--json` a command prints one JSON document on stdout; human text goes to
-stderr, except a command's final table, which goes to stdout.
+Exit codes: 0 ok, 1 the run failed, 2 bad usage or bad input (one line, no traceback), 130 the
+run was interrupted (what it recorded is kept). With `--json` a command prints one JSON document
+on stdout; human text goes to stderr, except a command's final table, which goes to stdout.
 """
 
 from __future__ import annotations
 
 import json
+import signal
+import socket
 import sys
-from collections.abc import Sequence
-from dataclasses import asdict
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 from rich.console import Console
+from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -43,8 +47,14 @@ from pipelines.sample_data import (
     make_sample_dataset,
 )
 from probe.bench import BenchResult, bench_pipeline, describe_settings
+from probe.consumers import check_model, parse_consumer
+from probe.store import RunStatus, Store
 
 BENCH_SCHEMA = "feedscope.bench/1"
+RUNS_SCHEMA = "feedscope.runs/1"
+EXIT_FAILED, EXIT_INTERRUPTED = 1, 130
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _console(stderr: bool) -> Console:
@@ -61,6 +71,40 @@ _out = _console(stderr=False)
 @click.version_option(package_name="feedscope", prog_name="probe")
 def cli() -> None:
     """feedscope: is your GPU waiting for data, why, and what should you change?"""
+
+
+def _pipeline_options(function: F) -> F:
+    """The options that describe the input pipeline, shared by the measuring commands."""
+    options = [
+        click.option(
+            "--data", "data_dir", type=click.Path(path_type=Path), default=None,
+            help="Class-per-folder dataset.  [default: the built-in sample data]",
+        ),
+        click.option("--batch-size", default=128, show_default=True, type=int),
+        click.option("--image-size", default=224, show_default=True, type=int,
+                     help="Output side in pixels (square)."),
+        click.option("--workers", default=None, type=int,
+                     help="DataLoader workers.  [default: the CPU cores per lane]"),
+        click.option("--threads", default=None, type=int,
+                     help="DALI CPU threads.  [default: the CPU cores per lane]"),
+        click.option("--decoder", type=click.Choice(["mixed", "cpu"]), default=None,
+                     help="DALI decoder.  [default: mixed on a GPU, cpu without]"),
+        click.option("--dtype", type=click.Choice(["uint8", "float32"]), default="uint8",
+                     show_default=True,
+                     help="What DataLoader workers hand over (uint8: normalized on the device)."),
+        click.option("--skip-corrupt", is_flag=True, help="Skip and count undecodable images."),
+        click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout."),
+    ]  # fmt: skip
+    for option in reversed(options):
+        function = option(function)
+    return function
+
+
+def _store_option(function: F) -> F:
+    return click.option(
+        "--db", type=click.Path(path_type=Path), default=None,
+        help="The store (an SQLite file).  [default: $FEEDSCOPE_DB, else your data folder]",
+    )(function)  # fmt: skip
 
 
 @cli.group()
@@ -90,13 +134,7 @@ def data_make(directory: Path, count: int, classes: int, seed: int) -> None:
 
 
 @cli.command()
-@click.option(
-    "--data",
-    "data_dir",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="Class-per-folder dataset.  [default: the built-in sample data]",
-)
+@_pipeline_options
 @click.option(
     "--pipeline",
     "backends",
@@ -108,22 +146,6 @@ def data_make(directory: Path, count: int, classes: int, seed: int) -> None:
     "--gpu",
     default=None,
     help="CUDA device index, or 'none' for the CPU.  [default: GPU 0 if there is one]",
-)
-@click.option("--batch-size", default=64, show_default=True, type=int)
-@click.option("--workers", default=None, type=int, help="DataLoader workers.  [default: CPU cores]")
-@click.option("--threads", default=None, type=int, help="DALI CPU threads.  [default: CPU cores]")
-@click.option(
-    "--decoder",
-    type=click.Choice(["mixed", "cpu"]),
-    default=None,
-    help="DALI decoder.  [default: mixed on a GPU, cpu without]",
-)
-@click.option(
-    "--dtype",
-    type=click.Choice(["uint8", "float32"]),
-    default="uint8",
-    show_default=True,
-    help="What DataLoader workers hand over (uint8: normalized on the device).",
 )
 @click.option(
     "--warmup",
@@ -145,42 +167,33 @@ def data_make(directory: Path, count: int, classes: int, seed: int) -> None:
     type=click.IntRange(min=1),
     help="Stop after this many measured batches, if sooner.",
 )
-@click.option("--skip-corrupt", is_flag=True, help="Skip and count undecodable images.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 def bench(
     data_dir: Path | None,
-    backends: Sequence[str],
-    gpu: str | None,
     batch_size: int,
+    image_size: int,
     workers: int | None,
     threads: int | None,
     decoder: str | None,
     dtype: str,
+    skip_corrupt: bool,
+    as_json: bool,
+    backends: Sequence[str],
+    gpu: str | None,
     warmup: int,
     duration: float,
     batches: int | None,
-    skip_corrupt: bool,
-    as_json: bool,
 ) -> None:
     """Measure the DataLoader and DALI pipelines alone on the same data: images/s.
 
-    Both pipelines are built from one spec and get the same CPU budget (workers = threads).
+    Both pipelines are built from one spec and get the same CPU budget (workers = threads),
+    in this process, with no consumer and no store: a quick comparison.
     """
     device, device_note = _pick_gpu(gpu)
     cpus = available_cpus()
-    spec = PipelineSpec(  # validates the settings before any long work starts
-        data_dir=data_dir if data_dir is not None else default_sample_dir(),
-        batch_size=batch_size,
-        device=device,
-        skip_corrupt=skip_corrupt,
-        dataloader=DataLoaderOptions(
-            num_workers=cpus if workers is None else workers, output_dtype=OutputDtype(dtype)
-        ),
-        dali=DaliOptions(
-            num_threads=cpus if threads is None else threads,
-            decoder=None if decoder is None else Decoder(decoder),
-        ),
-    )
+    spec = _spec(
+        data_dir, batch_size, image_size, workers, threads, decoder, dtype, skip_corrupt, device,
+        cpus,
+    )  # fmt: skip
     check_device(device)
     chosen = [Backend(b) for b in backends] or list(Backend)
     missing: dict[str, str] = {}
@@ -192,7 +205,7 @@ def bench(
                 raise
             missing[backend.value] = str(error)
             chosen.remove(backend)
-    root = data_dir if data_dir is not None else _sample_data()
+    root = _resolve_data(data_dir)
     dataset = discover(root)
     where = "CPU" if device is None else f"GPU {device}"
     _err.print(
@@ -216,6 +229,386 @@ def bench(
     _out.print(_bench_table(results))
     for backend_name, reason in missing.items():
         _err.print(f"{backend_name}: not measured: {reason}")
+
+
+@cli.command()
+@_pipeline_options
+@_store_option
+@click.option(
+    "--pipeline",
+    "backend",
+    type=click.Choice([b.value for b in Backend]),
+    default="torch",
+    show_default=True,
+)
+@click.option(
+    "--gpus",
+    default=None,
+    help="CUDA indices (0,1), all, or none for the CPU.  [default: all visible GPUs, else the CPU]",
+)
+@click.option(
+    "--num-shards",
+    default=None,
+    type=int,
+    help="Shards the dataset is split into; lane i reads shard i.  [default: one per "
+    "GPU; on the CPU, 1]",
+)
+@click.option(
+    "--consumer",
+    default="none",
+    show_default=True,
+    help="What eats the batches: none, sleep:MS, or model:NAME (e.g. model:resnet50).",
+)
+@click.option("--batches", default=None, type=int, help="Measured batches per lane.")
+@click.option(
+    "--warmup",
+    default=5,
+    show_default=True,
+    type=int,
+    help="Batches per lane before measuring (not counted).",
+)
+@click.option(
+    "--duration",
+    default=None,
+    type=float,
+    help="Measured seconds per lane.  [default: 10 unless --batches is given]",
+)
+@click.option(
+    "--sample-hz",
+    default=10.0,
+    show_default=True,
+    type=float,
+    help="Hardware samples per second (0: none).",
+)
+@click.option("--label", default=None, help="A name for the run, shown in listings.")
+def run(
+    data_dir: Path | None,
+    batch_size: int,
+    image_size: int,
+    workers: int | None,
+    threads: int | None,
+    decoder: str | None,
+    dtype: str,
+    skip_corrupt: bool,
+    as_json: bool,
+    db: Path | None,
+    backend: str,
+    gpus: str | None,
+    num_shards: int | None,
+    consumer: str,
+    batches: int | None,
+    warmup: int,
+    duration: float | None,
+    sample_hz: float,
+    label: str | None,
+) -> None:
+    """Run a pipeline on the chosen GPUs and shards, sample the hardware, and record it all.
+
+    One process per GPU, lane i reading shard i of N, as DDP training does; with --gpus none,
+    one CPU lane per shard. Ctrl-C stops the run and keeps what it recorded.
+    """
+    from probe.devices import cuda_devices, describe, select_gpus
+    from probe.runner import ProbeConfig, check_config, plan_lanes, run_probe
+    from probe.summary import run_document
+
+    consumer_spec = parse_consumer(consumer)
+    check_model(consumer_spec)
+    devices = cuda_devices()
+    chosen = select_gpus(gpus, devices)
+    plans = plan_lanes(chosen, num_shards)
+    per_lane = max(1, available_cpus() // len(plans))
+    spec = _spec(
+        data_dir, batch_size, image_size, workers, threads, decoder, dtype, skip_corrupt, None,
+        per_lane,
+    )  # fmt: skip
+    config = ProbeConfig(
+        backend=Backend(backend),
+        spec=spec,
+        lanes=plans,
+        consumer=consumer_spec,
+        warmup=warmup,
+        batches=batches,
+        duration_s=duration if duration is not None or batches is not None else 10.0,
+        sample_hz=sample_hz,
+        label=label,
+    )
+    check_backend(config.backend)
+    store = Store(db)
+    config = replace(config, spec=replace(spec, data_dir=_resolve_data(data_dir)))
+    check_config(config)  # the dataset and its shards, before the run is announced
+    if chosen is None:
+        where = f"the CPU, {len(plans)} lane(s)" + ("" if devices else " (no CUDA GPU visible)")
+    else:
+        where = (
+            "GPU " + describe(list(chosen)) + ("" if gpus else " (all visible; pick with --gpus)")
+        )
+    stop_rule = " or ".join(
+        part
+        for part in (
+            f"{config.batches} batches" if config.batches else "",
+            f"{config.duration_s:g} s" if config.duration_s else "",
+        )
+        if part
+    )
+    options = describe_settings(config.spec, config.backend) + f", batch {batch_size}"
+    _err.print(
+        f"probe: {backend} ({options}) on {where}; consumer {consumer_spec}; "
+        f"{warmup} warm-up batches, then {stop_rule} per lane; samples at {sample_hz:g} Hz"
+    )
+    _err.print(f"data: {config.spec.data_dir}; store: {store.path}")
+    stop = threading.Event()
+    with (
+        _stopping_on_signals(stop),
+        Live(console=_err, refresh_per_second=4, transient=True) as live,
+    ):
+        run_id = run_probe(
+            config,
+            store,
+            stop=stop,
+            on_update=lambda lanes: live.update(_live_table(lanes)),
+            on_start=lambda run_id: _err.print(f"run {run_id}"),
+        )
+    document = run_document(store, run_id)
+    store.close()
+    if as_json:
+        click.echo(json.dumps(document, indent=2))
+    else:
+        _out.print(_run_table(document))
+        _print_run_notes(document)
+    if document["status"] == RunStatus.INTERRUPTED.value:
+        sys.exit(EXIT_INTERRUPTED)
+    if document["status"] == RunStatus.FAILED.value:
+        sys.exit(EXIT_FAILED)
+
+
+@cli.command()
+@_store_option
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(min=1))
+def runs(db: Path | None, as_json: bool, limit: int) -> None:
+    """List the recorded runs, newest first."""
+    from probe.samplers.host import pid_alive
+    from probe.summary import run_document
+
+    with Store(db) as store:
+        store.mark_abandoned_runs(socket.gethostname(), pid_alive)
+        documents = [run_document(store, r.run_id) for r in store.runs()[:limit]]
+    if as_json:
+        keys = ("run_id", "status", "reason", "pipeline", "consumer", "created", "label",
+                "images_per_s")  # fmt: skip
+        listing = [
+            {**{k: d[k] for k in keys}, "lanes": len(d["lanes"]), "data_wait_frac": _mean_wait(d)}
+            for d in documents
+        ]
+        click.echo(json.dumps(listing, indent=2))
+        return
+    if not documents:
+        _err.print("no runs yet: start one with `probe run`")
+        return
+    table = Table(title=f"Runs ({len(documents)} newest)")
+    for column in ("run", "created (UTC)", "status", "pipeline", "consumer", "lanes", "images/s",
+                   "data-wait", "label"):  # fmt: skip
+        table.add_column(column, justify="right" if column in ("images/s", "data-wait") else "left")
+    for d in documents:
+        wait = _mean_wait(d)
+        table.add_row(
+            d["run_id"], d["created"].replace("T", " ").rstrip("Z"), d["status"], d["pipeline"],
+            d["consumer"], _lanes_text(d), f"{d['images_per_s']:,.0f}",
+            "-" if wait is None else f"{wait:.0%}", d["label"] or "",
+        )  # fmt: skip
+    _out.print(table)
+
+
+@cli.command()
+@_store_option
+@click.argument("run_id", metavar="RUN")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+def show(db: Path | None, run_id: str, as_json: bool) -> None:
+    """Show one run (its id, a unique start of it, or `last`)."""
+    from probe.summary import run_document
+
+    with Store(db) as store:
+        document = run_document(store, store.run(run_id).run_id)
+    if as_json:
+        click.echo(json.dumps(document, indent=2))
+        return
+    host = document["host"]
+    _err.print(
+        f"run {document['run_id']} ({document['status']}"
+        + (f": {document['reason']}" if document["reason"] else "")
+        + f"), created {document['created']}"
+        + (f", label {document['label']}" if document["label"] else "")
+    )
+    _err.print(
+        f"pipeline {document['pipeline']}, consumer {document['consumer']}; "
+        f"data {document['config']['spec']['data_dir']}"
+    )
+    gpus = ", ".join(f"{g['index']}: {g['name']}" for g in host["gpus"]) or "none"
+    _err.print(
+        f"host {host['hostname']}: {host['cpus']} CPU cores ({host.get('cpu_model')}), "
+        f"GPUs {gpus}; torch {host['torch']}, DALI {host['dali'] or 'not installed'}"
+    )
+    _out.print(_run_table(document))
+    _print_run_notes(document)
+
+
+def _spec(
+    data_dir: Path | None,
+    batch_size: int,
+    image_size: int,
+    workers: int | None,
+    threads: int | None,
+    decoder: str | None,
+    dtype: str,
+    skip_corrupt: bool,
+    device: int | None,
+    cores: int,
+) -> PipelineSpec:
+    """The spec the options describe, validated before any long work starts."""
+    return PipelineSpec(
+        data_dir=data_dir if data_dir is not None else default_sample_dir(),
+        batch_size=batch_size,
+        image_size=image_size,
+        device=device,
+        skip_corrupt=skip_corrupt,
+        dataloader=DataLoaderOptions(
+            num_workers=cores if workers is None else workers, output_dtype=OutputDtype(dtype)
+        ),
+        dali=DaliOptions(
+            num_threads=cores if threads is None else threads,
+            decoder=None if decoder is None else Decoder(decoder),
+        ),
+    )
+
+
+def _resolve_data(data_dir: Path | None) -> Path:
+    """The dataset folder: the one given, else the built-in sample data (made on first use)."""
+    if data_dir is not None:
+        return data_dir
+    if default_dataset_ready():
+        return ensure_default_dataset()
+    _err.print(
+        f"generating the built-in sample dataset ({DEFAULT_SAMPLE.count} images, once; "
+        "it is kept in your cache folder)"
+    )
+    with _progress() as progress:
+        task = progress.add_task("writing JPEGs", total=DEFAULT_SAMPLE.count)
+        return ensure_default_dataset(progress=lambda n: progress.advance(task, n))
+
+
+class _stopping_on_signals:
+    """Ctrl-C and SIGTERM set `stop` (the run ends cleanly) instead of killing the process."""
+
+    def __init__(self, stop: threading.Event) -> None:
+        self.stop = stop
+        self.previous: dict[int, Any] = {}
+
+    def __enter__(self) -> None:
+        def handle(signum: int, _: Any) -> None:
+            if not self.stop.is_set():
+                _err.print(f"{signal.Signals(signum).name}: stopping the run, keeping its data")
+            self.stop.set()
+
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            self.previous[signum] = signal.signal(signum, handle)
+
+    def __exit__(self, *_: object) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+
+
+def _live_table(lanes: Sequence[Any]) -> Table:
+    import time
+
+    now_ns = time.monotonic_ns()
+    table = Table(title="live (last 3 s)", title_justify="left")
+    for column in ("lane", "device", "shard", "state", "batches", "images/s", "data-wait"):
+        table.add_column(
+            column, justify="right" if column in ("batches", "images/s", "data-wait") else "left"
+        )
+    for lane in lanes:
+        rate, wait = lane.images_per_s(now_ns), lane.data_wait_frac(now_ns)
+        state = lane.state
+        if state == "warming up":
+            state = f"warming up ({lane.warmup_batches})"
+        table.add_row(
+            str(lane.lane), lane.device, lane.shard, state, str(lane.batches),
+            "-" if rate is None else f"{rate:,.0f}", "-" if wait is None else f"{wait:.0%}",
+        )  # fmt: skip
+    return table
+
+
+def _run_table(document: dict[str, Any]) -> Table:
+    table = Table(
+        title=f"run {document['run_id']}: {document['pipeline']}, consumer {document['consumer']}"
+        f" ({document['status']})",
+        caption=f"all lanes: {document['images_per_s']:,.0f} images/s; warm-up batches excluded",
+    )
+    for column in ("lane", "device", "shard", "status", "batches", "images/s", "data-wait",
+                   "latency p50/p95/p99 ms", "GPU busy", "CPU %"):  # fmt: skip
+        table.add_column(
+            column, justify="left" if column in ("lane", "device", "status") else "right"
+        )
+    for lane in document["lanes"]:
+        latency = lane["batch_latency_ms"]
+        table.add_row(
+            str(lane["lane"]),
+            "cpu" if lane["gpu"] is None else f"cuda:{lane['gpu']}",
+            f"{lane['shard_id']}/{lane['num_shards']}",
+            lane["status"],
+            str(lane["batches"]),
+            f"{lane['images_per_s']:,.0f}",
+            "-" if lane["data_wait_frac"] is None else f"{lane['data_wait_frac']:.1%}",
+            "/".join(
+                "-" if latency[k] is None else f"{latency[k]:.1f}" for k in ("p50", "p95", "p99")
+            ),
+            _gpu_busy_text(lane),
+            "-" if lane["cpu_pct"] is None else f"{lane['cpu_pct']:.0f}",
+        )
+    return table
+
+
+def _gpu_busy_text(lane: dict[str, Any]) -> str:
+    """SM activity (GPM), and NVML's kernel-active beside it, each labelled."""
+    if lane["sm_active_source"] == "gpm":
+        kernel = lane["kernel_active_pct"]
+        nvml = "" if kernel is None else f", kernel-active {kernel:.0f}% (NVML)"
+        return f"SM active {lane['sm_active_pct']:.0f}% (GPM){nvml}"
+    if lane["sm_active_source"] == "nvml":
+        return f"kernel-active {lane['sm_active_pct']:.0f}% (NVML)"
+    return "-"
+
+
+def _print_run_notes(document: dict[str, Any]) -> None:
+    for lane in document["lanes"]:
+        if lane["reason"]:
+            _err.print(f"lane {lane['lane']}: {lane['status']}: {lane['reason']}")
+        if lane.get("skipped_files"):
+            _err.print(f"lane {lane['lane']}: skipped {lane['skipped_files']} undecodable file(s)")
+    note = document["config"].get("consumer_note")
+    if note:
+        _err.print(f"consumer: {note}")
+    unavailable: dict[str, list[str]] = {}
+    for item in document["unavailable_metrics"]:
+        unavailable.setdefault(item["reason"], []).append(item["metric"])
+    for reason, metrics in unavailable.items():
+        _err.print(f"unavailable: {', '.join(sorted(set(metrics)))}: {reason}")
+    if document["status"] == RunStatus.RUNNING.value:
+        _err.print("the run is still going: figures so far")
+
+
+def _mean_wait(document: dict[str, Any]) -> float | None:
+    waits = [
+        lane["data_wait_frac"] for lane in document["lanes"] if lane["data_wait_frac"] is not None
+    ]
+    return sum(waits) / len(waits) if waits else None
+
+
+def _lanes_text(document: dict[str, Any]) -> str:
+    gpus = [lane["gpu"] for lane in document["lanes"]]
+    if all(g is None for g in gpus):
+        return f"{len(gpus)} cpu"
+    return "gpu " + ",".join(str(g) for g in gpus)
 
 
 def _bench_one(
@@ -248,30 +641,16 @@ def _bench_one(
 
 def _bench_table(results: Sequence[BenchResult]) -> Table:
     table = Table(title="Input pipelines alone (no consumer), warm-up excluded")
-    for column in (
-        "pipeline",
-        "device",
-        "settings",
-        "batches",
-        "images/s",
-        "batch p50 ms",
-        "batch p95 ms",
-        "start-up s",
-    ):
-        table.add_column(
-            column, justify="left" if column in ("pipeline", "device", "settings") else "right"
-        )
+    for column in ("pipeline", "device", "settings", "batches", "images/s",
+                   "batch p50 ms", "batch p95 ms", "start-up s"):  # fmt: skip
+        left = column in ("pipeline", "device", "settings")
+        table.add_column(column, justify="left" if left else "right")
     for r in results:
         table.add_row(
-            r.backend.value,
-            r.device,
-            r.settings,
-            str(r.batches),
-            f"{r.images_per_s:,.0f}",
-            f"{r.batch_interval_ms_p50:.1f}",
-            f"{r.batch_interval_ms_p95:.1f}",
+            r.backend.value, r.device, r.settings, str(r.batches), f"{r.images_per_s:,.0f}",
+            f"{r.batch_interval_ms_p50:.1f}", f"{r.batch_interval_ms_p95:.1f}",
             f"{r.startup_s:.1f}",
-        )
+        )  # fmt: skip
     if len(results) == 2 and results[0].images_per_s > 0:
         ratio = results[1].images_per_s / results[0].images_per_s
         table.caption = f"{results[1].backend.value} / {results[0].backend.value}: {ratio:.2f}x"
@@ -303,18 +682,6 @@ def _pick_gpu(value: str | None) -> tuple[int | None, str]:
         raise InputError(f"--gpu takes a CUDA device index or 'none' (got {value!r})") from None
 
 
-def _sample_data() -> Path:
-    if default_dataset_ready():
-        return ensure_default_dataset()
-    _err.print(
-        f"generating the built-in sample dataset ({DEFAULT_SAMPLE.count} images, once; "
-        "it is kept in your cache folder)"
-    )
-    with _progress() as progress:
-        task = progress.add_task("writing JPEGs", total=DEFAULT_SAMPLE.count)
-        return ensure_default_dataset(progress=lambda n: progress.advance(task, n))
-
-
 def _progress(unit: str = "images") -> Progress:
     return Progress(
         TextColumn("{task.description}"),
@@ -339,5 +706,5 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(2)
     except (click.Abort, KeyboardInterrupt):
         click.echo("interrupted", err=True)
-        sys.exit(130)
+        sys.exit(EXIT_INTERRUPTED)
     sys.exit(code if isinstance(code, int) else 0)

@@ -300,3 +300,26 @@ def test_gpu_batches_land_on_the_chosen_device(
     assert all(b.images.device == torch.device("cuda", device) for b in batches)
     assert all(b.labels.device == torch.device("cuda", device) for b in batches)
     assert decode_codes(all_images(batches), MEAN, STD) == list(range(37))
+
+
+def _start_method_in_this_process(root: str) -> str:
+    spec = make_spec(Path(root), dataloader=DataLoaderOptions(num_workers=1))
+    with build_pipeline(spec, Backend.TORCH) as pipeline:
+        return str(pipeline._loader.multiprocessing_context.get_start_method())  # type: ignore[attr-defined]
+
+
+def test_workers_start_as_in_a_fresh_process_even_inside_a_spawned_one(
+    coded_dataset: Path,
+) -> None:
+    """A spawned process (a probe lane) defaults to spawn; its DataLoader workers must start as
+    a training script's do (fork on Linux before Python 3.14), or they measure something else."""
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        used = pool.apply(_start_method_in_this_process, (str(coded_dataset),))
+    assert used == multiprocessing.get_all_start_methods()[0]
+    asked = make_spec(
+        coded_dataset, dataloader=DataLoaderOptions(num_workers=1, start_method="spawn")
+    )
+    with build_pipeline(asked, Backend.TORCH) as pipeline:
+        assert pipeline._loader.multiprocessing_context.get_start_method() == "spawn"  # type: ignore[attr-defined]

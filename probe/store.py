@@ -1,0 +1,514 @@
+"""The store: one SQLite file holding runs, their lanes, batch events and hardware samples.
+
+WAL mode and a busy timeout let readers (the dashboard, `probe show`) read while a probe writes;
+the probe's coordinating process is the only writer of a run. The schema version is kept in the
+`meta` table. Where the file lives: `--db`, else `$FEEDSCOPE_DB`, else the user's data folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from pipelines import InputError
+from probe.samplers import GpuSample, HostSample, LaneCpuSample, Unavailable
+
+SCHEMA_VERSION = 1
+ENV_VAR = "FEEDSCOPE_DB"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY,
+    kind TEXT NOT NULL,
+    created TEXT NOT NULL,
+    status TEXT NOT NULL,
+    reason TEXT,
+    pipeline TEXT NOT NULL,
+    consumer TEXT NOT NULL,
+    label TEXT,
+    config TEXT NOT NULL,
+    host TEXT NOT NULL,
+    hostname TEXT NOT NULL,
+    pid INTEGER,
+    started_ns INTEGER NOT NULL,
+    ended_ns INTEGER
+);
+CREATE TABLE IF NOT EXISTS lanes (
+    run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+    lane INTEGER NOT NULL,
+    gpu_index INTEGER,
+    gpu_uuid TEXT,
+    shard_id INTEGER NOT NULL,
+    num_shards INTEGER NOT NULL,
+    hostname TEXT NOT NULL,
+    pid INTEGER,
+    status TEXT NOT NULL,
+    reason TEXT,
+    summary TEXT,
+    PRIMARY KEY (run_id, lane)
+);
+CREATE TABLE IF NOT EXISTS batches (
+    run_id TEXT NOT NULL,
+    lane INTEGER NOT NULL,
+    idx INTEGER NOT NULL,
+    t_ns INTEGER NOT NULL,
+    wait_s REAL NOT NULL,
+    step_s REAL NOT NULL,
+    size INTEGER NOT NULL,
+    warmup INTEGER NOT NULL,
+    PRIMARY KEY (run_id, lane, idx)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS gpu_samples (
+    run_id TEXT NOT NULL,
+    gpu_uuid TEXT NOT NULL,
+    t_ns INTEGER NOT NULL,
+    kernel_active_pct REAL,
+    sm_active_pct REAL,
+    sm_occupancy_pct REAL,
+    nvjpg_pct REAL,
+    nvjpg_gpm_pct REAL,
+    memory_used_mib REAL,
+    pcie_rx_mib_s REAL,
+    pcie_tx_mib_s REAL,
+    power_w REAL,
+    clocks_event_reasons INTEGER,
+    PRIMARY KEY (run_id, gpu_uuid, t_ns)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS host_samples (
+    run_id TEXT NOT NULL,
+    hostname TEXT NOT NULL,
+    t_ns INTEGER NOT NULL,
+    cpu_pct REAL NOT NULL,
+    per_core TEXT NOT NULL,
+    iowait_pct REAL,
+    steal_pct REAL,
+    disk_read_mib_s REAL,
+    memory_used_mib REAL NOT NULL,
+    tree_cpu_pct REAL NOT NULL,
+    tree_processes INTEGER NOT NULL,
+    PRIMARY KEY (run_id, hostname, t_ns)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS lane_cpu (
+    run_id TEXT NOT NULL,
+    lane INTEGER NOT NULL,
+    t_ns INTEGER NOT NULL,
+    cpu_pct REAL NOT NULL,
+    main_cpu_pct REAL NOT NULL,
+    main_thread_cpu_pct REAL NOT NULL,
+    processes INTEGER NOT NULL,
+    threads INTEGER NOT NULL,
+    PRIMARY KEY (run_id, lane, t_ns)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS unavailable (
+    run_id TEXT NOT NULL,
+    source TEXT NOT NULL,
+    device TEXT NOT NULL,
+    metric TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    PRIMARY KEY (run_id, source, device, metric)
+) WITHOUT ROWID;
+"""
+
+GPU_COLUMNS = (
+    "kernel_active_pct",
+    "sm_active_pct",
+    "sm_occupancy_pct",
+    "nvjpg_pct",
+    "nvjpg_gpm_pct",
+    "memory_used_mib",
+    "pcie_rx_mib_s",
+    "pcie_tx_mib_s",
+    "power_w",
+    "clocks_event_reasons",
+)
+
+
+class RunStatus(str, Enum):
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    run_id: str
+    kind: str  # "probe"
+    created: str  # UTC, ISO 8601: for people; durations come from the monotonic clock
+    status: RunStatus
+    reason: str | None
+    pipeline: str  # "torch" or "dali"
+    consumer: str
+    label: str | None
+    config: dict[str, Any]
+    host: dict[str, Any]
+    hostname: str
+    pid: int | None  # the process that writes the run
+    started_ns: int  # time.monotonic_ns() of the host that ran it
+    ended_ns: int | None
+
+
+@dataclass(frozen=True)
+class LaneRecord:
+    run_id: str
+    lane: int
+    gpu_index: int | None
+    gpu_uuid: str | None
+    shard_id: int
+    num_shards: int
+    hostname: str
+    pid: int | None
+    status: RunStatus
+    reason: str | None
+    summary: dict[str, Any] | None  # the lane's figures, written when it ends
+
+
+@dataclass(frozen=True)
+class BatchEvent:
+    """One batch as the consumer saw it."""
+
+    lane: int
+    index: int
+    t_ns: int  # when the consumer asked for it
+    wait_s: float  # blocked on the pipeline, the copy to the device included
+    step_s: float  # the consumer's step
+    size: int
+    warmup: bool
+
+
+def default_db_path() -> Path:
+    """`$FEEDSCOPE_DB`, else feedscope.db in the user's data folder."""
+    from_env = os.environ.get(ENV_VAR)
+    if from_env:
+        return Path(from_env).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("feedscope")) / "feedscope.db"
+
+
+class Store:
+    """A connection to the store; use one per thread."""
+
+    def __init__(self, path: Path | str | None = None) -> None:
+        """Opens (and if new, creates) the store.
+
+        Raises:
+            InputError: the file cannot be created or opened, is not a feedscope store, or was
+                written by a newer feedscope.
+        """
+        self.path = Path(path).expanduser() if path is not None else default_db_path()
+        if self.path.is_dir():
+            raise InputError(f"the store path is a folder, not a file: {self.path}")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(self.path, timeout=10, isolation_level=None)
+            self._db.row_factory = sqlite3.Row
+            self._db.execute("PRAGMA busy_timeout = 10000")
+            self._db.execute("PRAGMA journal_mode = WAL")
+            self._db.execute("PRAGMA foreign_keys = ON")
+            self._migrate()
+        except (sqlite3.DatabaseError, OSError) as error:
+            raise InputError(f"cannot use {self.path} as the store: {_reason(error)}") from None
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    # writing
+
+    def create_run(self, run: RunRecord, lanes: Sequence[LaneRecord]) -> None:
+        with self._transaction() as db:
+            db.execute(
+                "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    run.run_id, run.kind, run.created, run.status.value, run.reason,
+                    run.pipeline, run.consumer, run.label, json.dumps(run.config),
+                    json.dumps(run.host), run.hostname, run.pid, run.started_ns, run.ended_ns,
+                ),
+            )  # fmt: skip
+            db.executemany(
+                "INSERT INTO lanes VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (
+                        lane.run_id, lane.lane, lane.gpu_index, lane.gpu_uuid, lane.shard_id,
+                        lane.num_shards, lane.hostname, lane.pid, lane.status.value, lane.reason,
+                        None if lane.summary is None else json.dumps(lane.summary),
+                    )
+                    for lane in lanes
+                ],
+            )  # fmt: skip
+
+    def update_lane(self, run_id: str, lane: int, **fields: Any) -> None:
+        """Sets some of a lane's columns: pid, gpu_uuid, status, reason, summary."""
+        allowed = {"pid", "gpu_uuid", "status", "reason", "summary"}
+        if not fields.keys() <= allowed:
+            raise ValueError(f"not lane columns to update: {sorted(fields.keys() - allowed)}")
+        values = {k: _column_value(v) for k, v in fields.items()}
+        assignments = ", ".join(f"{name} = ?" for name in values)
+        with self._transaction() as db:
+            db.execute(
+                f"UPDATE lanes SET {assignments} WHERE run_id = ? AND lane = ?",
+                (*values.values(), run_id, lane),
+            )
+
+    def finish_run(self, run_id: str, status: RunStatus, reason: str | None, ended_ns: int) -> None:
+        with self._transaction() as db:
+            db.execute(
+                "UPDATE runs SET status = ?, reason = ?, ended_ns = ? WHERE run_id = ?",
+                (status.value, reason, ended_ns, run_id),
+            )
+
+    def add_batches(self, run_id: str, events: Iterable[BatchEvent]) -> None:
+        rows = [
+            (run_id, e.lane, e.index, e.t_ns, e.wait_s, e.step_s, e.size, int(e.warmup))
+            for e in events
+        ]
+        with self._transaction() as db:
+            db.executemany("INSERT OR REPLACE INTO batches VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+
+    def add_gpu_samples(self, run_id: str, samples: Iterable[GpuSample]) -> None:
+        rows = [
+            (run_id, s.gpu_uuid, s.t_ns, *(getattr(s, c) for c in GPU_COLUMNS)) for s in samples
+        ]
+        marks = ", ".join("?" * (3 + len(GPU_COLUMNS)))
+        with self._transaction() as db:
+            db.executemany(f"INSERT OR REPLACE INTO gpu_samples VALUES ({marks})", rows)
+
+    def add_host_samples(self, run_id: str, hostname: str, samples: Iterable[HostSample]) -> None:
+        rows = [
+            (
+                run_id, hostname, s.t_ns, s.cpu_pct,
+                json.dumps([round(c, 1) for c in s.per_core_pct]), s.iowait_pct, s.steal_pct,
+                s.disk_read_mib_s, s.memory_used_mib, s.tree_cpu_pct, s.tree_processes,
+            )
+            for s in samples
+        ]  # fmt: skip
+        with self._transaction() as db:
+            db.executemany(
+                "INSERT OR REPLACE INTO host_samples VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows
+            )
+
+    def add_lane_cpu(self, run_id: str, samples: Iterable[LaneCpuSample]) -> None:
+        rows = [
+            (
+                run_id, s.lane, s.t_ns, s.cpu_pct, s.main_cpu_pct, s.main_thread_cpu_pct,
+                s.processes, s.threads,
+            )
+            for s in samples
+        ]  # fmt: skip
+        with self._transaction() as db:
+            db.executemany("INSERT OR REPLACE INTO lane_cpu VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+
+    def add_unavailable(self, run_id: str, items: Iterable[Unavailable]) -> None:
+        rows = [(run_id, u.source, u.device, u.metric, u.reason) for u in items]
+        with self._transaction() as db:
+            db.executemany("INSERT OR IGNORE INTO unavailable VALUES (?, ?, ?, ?, ?)", rows)
+
+    def mark_abandoned_runs(self, hostname: str, is_alive: Any) -> list[str]:
+        """Marks `running` runs of this host whose process is gone as interrupted.
+
+        Args:
+            hostname: this host: runs of other hosts are left alone.
+            is_alive: called with a process id.
+        """
+        rows = self._db.execute(
+            "SELECT run_id, pid FROM runs WHERE status = ? AND hostname = ?",
+            (RunStatus.RUNNING.value, hostname),
+        ).fetchall()
+        gone = [row["run_id"] for row in rows if row["pid"] is None or not is_alive(row["pid"])]
+        reason = "the probe process ended without finishing the run (killed?)"
+        with self._transaction() as db:
+            for run_id in gone:
+                db.execute(
+                    "UPDATE runs SET status = ?, reason = ? WHERE run_id = ?",
+                    (RunStatus.INTERRUPTED.value, reason, run_id),
+                )
+                db.execute(
+                    "UPDATE lanes SET status = ?, reason = ? WHERE run_id = ? AND status = ?",
+                    (RunStatus.INTERRUPTED.value, reason, run_id, RunStatus.RUNNING.value),
+                )
+        return gone
+
+    # reading
+
+    def runs(self) -> list[RunRecord]:
+        """Every run, newest first."""
+        rows = self._db.execute("SELECT * FROM runs ORDER BY created DESC, run_id DESC")
+        return [_run(row) for row in rows]
+
+    def run(self, run_id: str) -> RunRecord:
+        """A run by its id, a unique prefix of it, or `last`.
+
+        Raises:
+            InputError: no run or several runs match.
+        """
+        if run_id == "last":
+            row = self._db.execute(
+                "SELECT * FROM runs ORDER BY created DESC, run_id DESC LIMIT 1"
+            ).fetchone()
+            if row is None:
+                raise InputError(f"the store {self.path} holds no runs yet")
+            return _run(row)
+        rows = self._db.execute(
+            "SELECT * FROM runs WHERE run_id = ? OR run_id LIKE ? ESCAPE '\\' LIMIT 6",
+            (run_id, _like_prefix(run_id)),
+        ).fetchall()
+        exact = [row for row in rows if row["run_id"] == run_id]
+        if exact or len(rows) == 1:
+            return _run((exact or rows)[0])
+        if not rows:
+            raise InputError(f"no run {run_id!r} in {self.path} (see `probe runs`)")
+        names = ", ".join(row["run_id"] for row in rows[:5])
+        raise InputError(f"{run_id!r} matches several runs ({names}): give more of the id")
+
+    def lanes(self, run_id: str) -> list[LaneRecord]:
+        rows = self._db.execute("SELECT * FROM lanes WHERE run_id = ? ORDER BY lane", (run_id,))
+        return [_lane(row) for row in rows]
+
+    def batches(self, run_id: str, lane: int | None = None) -> list[BatchEvent]:
+        query = "SELECT * FROM batches WHERE run_id = ?"
+        params: tuple[Any, ...] = (run_id,)
+        if lane is not None:
+            query, params = query + " AND lane = ?", (run_id, lane)
+        rows = self._db.execute(query + " ORDER BY lane, idx", params)
+        return [
+            BatchEvent(
+                row["lane"], row["idx"], row["t_ns"], row["wait_s"], row["step_s"], row["size"],
+                bool(row["warmup"]),
+            )
+            for row in rows
+        ]  # fmt: skip
+
+    def gpu_samples(self, run_id: str, gpu_uuid: str | None = None) -> list[GpuSample]:
+        query = "SELECT * FROM gpu_samples WHERE run_id = ?"
+        params: tuple[Any, ...] = (run_id,)
+        if gpu_uuid is not None:
+            query, params = query + " AND gpu_uuid = ?", (run_id, gpu_uuid)
+        rows = self._db.execute(query + " ORDER BY gpu_uuid, t_ns", params)
+        return [
+            GpuSample(
+                t_ns=row["t_ns"], gpu_uuid=row["gpu_uuid"], **{c: row[c] for c in GPU_COLUMNS}
+            )
+            for row in rows
+        ]
+
+    def host_samples(self, run_id: str) -> list[HostSample]:
+        rows = self._db.execute(
+            "SELECT * FROM host_samples WHERE run_id = ? ORDER BY t_ns", (run_id,)
+        )
+        return [
+            HostSample(
+                t_ns=row["t_ns"], cpu_pct=row["cpu_pct"],
+                per_core_pct=tuple(json.loads(row["per_core"])), iowait_pct=row["iowait_pct"],
+                steal_pct=row["steal_pct"], disk_read_mib_s=row["disk_read_mib_s"],
+                memory_used_mib=row["memory_used_mib"], tree_cpu_pct=row["tree_cpu_pct"],
+                tree_processes=row["tree_processes"],
+            )
+            for row in rows
+        ]  # fmt: skip
+
+    def lane_cpu(self, run_id: str) -> list[LaneCpuSample]:
+        rows = self._db.execute(
+            "SELECT * FROM lane_cpu WHERE run_id = ? ORDER BY lane, t_ns", (run_id,)
+        )
+        return [
+            LaneCpuSample(
+                t_ns=row["t_ns"], lane=row["lane"], cpu_pct=row["cpu_pct"],
+                main_cpu_pct=row["main_cpu_pct"], main_thread_cpu_pct=row["main_thread_cpu_pct"],
+                processes=row["processes"], threads=row["threads"],
+            )
+            for row in rows
+        ]  # fmt: skip
+
+    def unavailable(self, run_id: str) -> list[Unavailable]:
+        rows = self._db.execute(
+            "SELECT * FROM unavailable WHERE run_id = ? ORDER BY source, device, metric", (run_id,)
+        )
+        return [
+            Unavailable(row["source"], row["device"], row["metric"], row["reason"]) for row in rows
+        ]
+
+    def sample_counts(self, run_id: str) -> dict[str, int]:
+        """How many GPU and host samples a run holds."""
+        gpu = self._db.execute("SELECT COUNT(*) FROM gpu_samples WHERE run_id = ?", (run_id,))
+        host = self._db.execute("SELECT COUNT(*) FROM host_samples WHERE run_id = ?", (run_id,))
+        return {"gpu": gpu.fetchone()[0], "host": host.fetchone()[0]}
+
+    # internals
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    def _migrate(self) -> None:
+        self._db.executescript(_SCHEMA)
+        row = self._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        if row is None:
+            self._db.execute(
+                "INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
+            )
+        elif int(row["value"]) > SCHEMA_VERSION:
+            raise sqlite3.DatabaseError(
+                f"it was written by a newer feedscope (schema {row['value']}, "
+                f"this one reads {SCHEMA_VERSION})"
+            )
+
+
+def _run(row: sqlite3.Row) -> RunRecord:
+    return RunRecord(
+        run_id=row["run_id"], kind=row["kind"], created=row["created"],
+        status=RunStatus(row["status"]), reason=row["reason"], pipeline=row["pipeline"],
+        consumer=row["consumer"], label=row["label"], config=json.loads(row["config"]),
+        host=json.loads(row["host"]), hostname=row["hostname"], pid=row["pid"],
+        started_ns=row["started_ns"], ended_ns=row["ended_ns"],
+    )  # fmt: skip
+
+
+def _lane(row: sqlite3.Row) -> LaneRecord:
+    return LaneRecord(
+        run_id=row["run_id"], lane=row["lane"], gpu_index=row["gpu_index"],
+        gpu_uuid=row["gpu_uuid"], shard_id=row["shard_id"], num_shards=row["num_shards"],
+        hostname=row["hostname"], pid=row["pid"], status=RunStatus(row["status"]),
+        reason=row["reason"],
+        summary=None if row["summary"] is None else json.loads(row["summary"]),
+    )  # fmt: skip
+
+
+def _column_value(value: Any) -> Any:
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, dict):
+        return json.dumps(value)
+    return value
+
+
+def _like_prefix(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+
+
+def _reason(error: BaseException) -> str:
+    text = str(error) or type(error).__name__
+    if "file is not a database" in text:
+        return "it is not a feedscope store (not an SQLite file)"
+    if "unable to open database file" in text:
+        return "the file cannot be created or opened there (permissions?)"
+    return text

@@ -1,0 +1,156 @@
+"""A run's figures, from its stored events and samples (pure functions, no hardware).
+
+Warm-up batches count in no figure. A lane's measured window runs from the moment its consumer
+asked for its first measured batch to the end of its last step; images/s is images over that
+window, data-wait the share of it spent waiting for batches, and batch latency the time of one
+whole iteration (wait plus step). GPU figures are means over the same window, of the lane's GPU.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from probe.samplers import GpuSample, LaneCpuSample
+from probe.store import BatchEvent, LaneRecord, RunRecord, Store
+
+RUN_SCHEMA = "feedscope.run/1"
+
+
+def lane_figures(
+    events: Sequence[BatchEvent],
+    gpu_samples: Sequence[GpuSample] = (),
+    cpu_samples: Sequence[LaneCpuSample] = (),
+) -> dict[str, Any]:
+    """One lane's figures.
+
+    Args:
+        events: the lane's batch events, warm-up ones included (they are left out here).
+        gpu_samples: samples of the lane's GPU (any time span: the window is cut here).
+        cpu_samples: the lane's CPU samples.
+    """
+    measured = [e for e in events if not e.warmup]
+    figures: dict[str, Any] = {
+        "warmup_batches": len(events) - len(measured),
+        "batches": len(measured),
+        "images": sum(e.size for e in measured),
+        "seconds": 0.0,
+        "images_per_s": 0.0,
+        "data_wait_frac": None,
+        "batch_latency_ms": {"p50": None, "p95": None, "p99": None},
+        "wait_ms_p50": None,
+        "step_ms_p50": None,
+        "sm_active_pct": None,
+        "sm_active_source": None,
+        "kernel_active_pct": None,
+        "sm_occupancy_pct": None,
+        "nvjpg_pct": None,
+        "memory_used_mib": None,
+        "cpu_pct": None,
+        "main_thread_cpu_pct": None,
+    }
+    if not measured:
+        return figures
+    start_ns = measured[0].t_ns
+    end_ns = max(e.t_ns + int((e.wait_s + e.step_s) * 1e9) for e in measured)
+    seconds = (end_ns - start_ns) / 1e9
+    latencies = [(e.wait_s + e.step_s) * 1e3 for e in measured]
+    figures.update(
+        seconds=seconds,
+        images_per_s=figures["images"] / seconds if seconds > 0 else 0.0,
+        data_wait_frac=min(1.0, sum(e.wait_s for e in measured) / seconds) if seconds > 0 else None,
+        batch_latency_ms=percentiles(latencies),
+        wait_ms_p50=statistics.median(e.wait_s * 1e3 for e in measured),
+        step_ms_p50=statistics.median(e.step_s * 1e3 for e in measured),
+    )
+    gpu = [s for s in gpu_samples if start_ns <= s.t_ns <= end_ns]
+    sm_active = _mean([s.sm_active_pct for s in gpu])
+    kernel_active = _mean([s.kernel_active_pct for s in gpu])
+    figures.update(
+        sm_active_pct=sm_active if sm_active is not None else kernel_active,
+        sm_active_source="gpm"
+        if sm_active is not None
+        else "nvml"
+        if kernel_active is not None
+        else None,
+        kernel_active_pct=kernel_active,
+        sm_occupancy_pct=_mean([s.sm_occupancy_pct for s in gpu]),
+        nvjpg_pct=_mean([s.nvjpg_pct for s in gpu]),
+        memory_used_mib=_max([s.memory_used_mib for s in gpu]),
+    )
+    cpu = [s for s in cpu_samples if start_ns <= s.t_ns <= end_ns]
+    figures.update(
+        cpu_pct=_mean([s.cpu_pct for s in cpu]),
+        main_thread_cpu_pct=_mean([s.main_thread_cpu_pct for s in cpu]),
+    )
+    return figures
+
+
+def percentiles(values: Sequence[float]) -> dict[str, float | None]:
+    """p50, p95 and p99 (inclusive method: never outside the values seen)."""
+    if not values:
+        return {"p50": None, "p95": None, "p99": None}
+    if len(values) == 1:
+        return {"p50": values[0], "p95": values[0], "p99": values[0]}
+    cuts = statistics.quantiles(values, n=100, method="inclusive")
+    return {"p50": statistics.median(values), "p95": cuts[94], "p99": cuts[98]}
+
+
+def figures_from_store(store: Store, run: RunRecord, lane: LaneRecord) -> dict[str, Any]:
+    """A lane's figures, computed from what the store holds for it."""
+    gpu = store.gpu_samples(run.run_id, lane.gpu_uuid) if lane.gpu_uuid else []
+    cpu = [s for s in store.lane_cpu(run.run_id) if s.lane == lane.lane]
+    return lane_figures(store.batches(run.run_id, lane.lane), gpu, cpu)
+
+
+def run_document(store: Store, run_id: str) -> dict[str, Any]:
+    """A run as one JSON-ready document (schema `feedscope.run/1`)."""
+    run = store.run(run_id)
+    lanes = []
+    for lane in store.lanes(run.run_id):
+        figures = lane.summary if lane.summary is not None else figures_from_store(store, run, lane)
+        lanes.append(
+            {
+                "lane": lane.lane,
+                "gpu": lane.gpu_index,
+                "gpu_uuid": lane.gpu_uuid,
+                "shard_id": lane.shard_id,
+                "num_shards": lane.num_shards,
+                "hostname": lane.hostname,
+                "status": lane.status.value,
+                "reason": lane.reason,
+                **figures,
+            }
+        )
+    return {
+        "schema": RUN_SCHEMA,
+        "run_id": run.run_id,
+        "kind": run.kind,
+        "status": run.status.value,
+        "reason": run.reason,
+        "created": run.created,
+        "label": run.label,
+        "pipeline": run.pipeline,
+        "consumer": run.consumer,
+        "images_per_s": sum(lane["images_per_s"] for lane in lanes),
+        "seconds": None if run.ended_ns is None else (run.ended_ns - run.started_ns) / 1e9,
+        "config": run.config,
+        "host": run.host,
+        "samples": store.sample_counts(run.run_id),
+        "unavailable_metrics": [
+            {"source": u.source, "device": u.device or None, "metric": u.metric, "reason": u.reason}
+            for u in store.unavailable(run.run_id)
+        ],
+        "lanes": lanes,
+    }
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return sum(present) / len(present) if present else None
+
+
+def _max(values: Sequence[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return max(present) if present else None

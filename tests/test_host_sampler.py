@@ -1,0 +1,49 @@
+"""The host sampler, for real: per-core CPU, and CPU attributed to the processes of each lane."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import psutil
+
+from probe.samplers.host import HostSampler, host_facts
+
+BURN = "import time\nend = time.time() + 30\nwhile time.time() < end: pass\n"
+# a process that burns one core itself and starts a child that burns another
+BURN_WITH_CHILD = (
+    f"import subprocess, sys\nchild = subprocess.Popen([sys.executable, '-c', {BURN!r}])\n" + BURN
+)
+
+
+def test_lane_processes_and_their_children_are_attributed_to_the_lane() -> None:
+    lane = subprocess.Popen([sys.executable, "-c", BURN_WITH_CHILD])
+    try:
+        sampler = HostSampler()
+        sampler.lane_pids[0] = lane.pid
+        time.sleep(1.0)  # let the child start
+        sampler.sample(time.monotonic_ns())
+        time.sleep(1.0)
+        host, lanes = sampler.sample(time.monotonic_ns())
+    finally:
+        for process in psutil.Process(lane.pid).children(recursive=True):
+            process.kill()
+        lane.kill()
+    (sample,) = lanes
+    assert sample.lane == 0
+    assert sample.processes == 2
+    assert 60 <= sample.main_cpu_pct <= 110  # the lane process: one busy core
+    assert 60 <= sample.main_thread_cpu_pct <= 110
+    assert sample.cpu_pct >= sample.main_cpu_pct + 40  # its child burns too (2 cores here)
+    assert len(host.per_core_pct) == psutil.cpu_count()
+    assert host.cpu_pct > 40
+    assert host.tree_cpu_pct >= sample.cpu_pct - 1
+    assert host.memory_used_mib > 0
+    assert host.iowait_pct is not None and host.steal_pct is not None  # Linux has both
+
+
+def test_host_facts() -> None:
+    facts = host_facts()
+    assert facts["cpu_cores_total"] == psutil.cpu_count()
+    assert facts["memory_mib"] > 100

@@ -1,0 +1,89 @@
+"""The SQLite store: created with its schema, refuses what it cannot use, finds runs."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from pipelines import InputError
+from probe.store import SCHEMA_VERSION, BatchEvent, LaneRecord, RunRecord, RunStatus, Store
+
+
+def record(run_id: str, created: str = "2026-11-21T10:00:00Z", pid: int | None = 1) -> RunRecord:
+    return RunRecord(
+        run_id=run_id, kind="probe", created=created, status=RunStatus.RUNNING, reason=None,
+        pipeline="torch", consumer="none", label=None, config={"a": 1}, host={"cpus": 2},
+        hostname="here", pid=pid, started_ns=0, ended_ns=None,
+    )  # fmt: skip
+
+
+def lane(run_id: str) -> LaneRecord:
+    return LaneRecord(run_id, 0, None, None, 0, 1, "here", None, RunStatus.RUNNING, None, None)
+
+
+def test_a_new_store_has_the_schema_wal_and_its_version(tmp_path: Path) -> None:
+    path = tmp_path / "deep" / "er" / "feedscope.db"
+    with Store(path) as store:
+        store.create_run(record("r1"), [lane("r1")])
+        store.add_batches("r1", [BatchEvent(0, 0, 5, 0.1, 0.2, 8, True)])
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    version = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0]
+    assert int(version) == SCHEMA_VERSION
+    assert db.execute("SELECT COUNT(*) FROM batches").fetchone()[0] == 1
+
+
+def test_runs_are_found_by_id_prefix_or_last(tmp_path: Path) -> None:
+    with Store(tmp_path / "s.db") as store:
+        store.create_run(record("20261121-100000-aaaa", "2026-11-21T10:00:00Z"), [])
+        store.create_run(record("20261121-100000-aabb", "2026-11-21T10:00:00Z"), [])
+        store.create_run(record("20261121-110000-cccc", "2026-11-21T11:00:00Z"), [])
+        assert store.run("20261121-110").run_id == "20261121-110000-cccc"
+        assert store.run("last").run_id == "20261121-110000-cccc"
+        assert store.run("20261121-100000-aabb").run_id == "20261121-100000-aabb"
+        with pytest.raises(InputError, match="matches several runs"):
+            store.run("20261121-100000-aa")
+        with pytest.raises(InputError, match="no run 'zzz'"):
+            store.run("zzz")
+        with pytest.raises(InputError, match="no run '2026%'"):  # LIKE wildcards are literal
+            store.run("2026%")
+        assert store.runs()[0].run_id == "20261121-110000-cccc"
+
+
+def test_a_file_that_is_not_a_store_is_refused_and_left_alone(tmp_path: Path) -> None:
+    path = tmp_path / "notes.txt"
+    path.write_bytes(b"my notes, not a database\n" * 100)
+    with pytest.raises(InputError, match="not a feedscope store"):
+        Store(path)
+    assert path.read_bytes() == b"my notes, not a database\n" * 100
+
+
+def test_a_folder_or_an_unwritable_place_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="is a folder"):
+        Store(tmp_path)
+    with pytest.raises(InputError, match=r"cannot use /proc/feedscope/s\.db as the store"):
+        Store("/proc/feedscope/s.db")
+
+
+def test_a_store_from_a_newer_feedscope_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    Store(path).close()
+    db = sqlite3.connect(path)
+    db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION + 1),))
+    db.commit()
+    db.close()
+    with pytest.raises(InputError, match="written by a newer feedscope"):
+        Store(path)
+
+
+def test_runs_whose_process_is_gone_are_marked_interrupted(tmp_path: Path) -> None:
+    with Store(tmp_path / "s.db") as store:
+        store.create_run(record("gone", pid=111), [lane("gone")])
+        store.create_run(record("alive", pid=222), [lane("alive")])
+        assert store.mark_abandoned_runs("here", lambda pid: pid == 222) == ["gone"]
+        assert store.run("gone").status is RunStatus.INTERRUPTED
+        assert store.lanes("gone")[0].status is RunStatus.INTERRUPTED
+        assert store.run("alive").status is RunStatus.RUNNING
+        assert store.mark_abandoned_runs("elsewhere", lambda pid: False) == []
