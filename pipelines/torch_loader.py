@@ -35,7 +35,9 @@ from pipelines.spec import Augmentation, Backend, OutputDtype, PipelineSpec
 # One sample as a worker returns it: CHW uint8 pixels (None if undecodable), label, error.
 _Sample = tuple[torch.Tensor | None, int, str | None]
 # One batch as the main process receives it: images, labels, and "path: reason" of failures.
-_WorkerBatch = tuple[torch.Tensor, torch.Tensor, tuple[str, ...]]
+# Labels travel as plain ints: every tensor in a batch costs a file-descriptor handshake with
+# the worker (torch's default sharing), and a batch of labels is a few hundred bytes.
+_WorkerBatch = tuple[torch.Tensor, tuple[int, ...], tuple[str, ...]]
 
 
 class TorchPipeline(InputPipeline):
@@ -80,7 +82,9 @@ class TorchPipeline(InputPipeline):
                 if len(host_labels) == 0:
                     continue
             images = host_images.to(self._device, non_blocking=True)
-            labels = host_labels.to(self._device, non_blocking=True)
+            labels = torch.tensor(host_labels, dtype=torch.int64).to(
+                self._device, non_blocking=True
+            )
             yield Batch(self._normalize(images) if normalize_here else images, labels)
 
     def close(self) -> None:
@@ -214,7 +218,7 @@ class _Collate:
 
     def __call__(self, samples: list[_Sample]) -> _WorkerBatch:
         pixels = [image for image, _, error in samples if image is not None and error is None]
-        labels = torch.tensor([label for image, label, _ in samples if image is not None])
+        labels = tuple(label for image, label, _ in samples if image is not None)
         failures = tuple(error for _, _, error in samples if error is not None)
         if pixels:
             images = default_collate(pixels)

@@ -350,7 +350,9 @@ def run(
         )
         if part
     )
-    options = describe_settings(config.spec, config.backend) + f", batch {batch_size}"
+    options = (
+        describe_settings(config.lane_spec(plans[0]), config.backend) + f", batch {batch_size}"
+    )
     _err.print(
         f"probe: {backend} ({options}) on {where}; consumer {consumer_spec}; "
         f"{warmup} warm-up batches, then {stop_rule} per lane; samples at {sample_hz:g} Hz"
