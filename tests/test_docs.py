@@ -20,7 +20,7 @@ def bash_blocks() -> list[str]:
 
 def test_the_two_set_up_commands_come_first_and_ci_runs_the_test_command() -> None:
     main_job, tests = bash_blocks()[:2]
-    assert main_job.startswith("pip install") and main_job.endswith("probe bench")
+    assert main_job.startswith("pip install") and main_job.endswith("probe run")
     assert tests.startswith("pip install") and tests.endswith("pytest")
     ci = (ROOT / ".ci" / "run").read_text()
     assert tests in ci.splitlines()
@@ -33,7 +33,7 @@ def test_every_documented_command_exists() -> None:
         for line in block.splitlines()
         if line.startswith("probe ")
     }
-    assert commands >= {"bench", "data"}
+    assert commands >= {"run", "bench", "data"}
     for command in commands:
         result = subprocess.run(
             [sys.executable, "-m", "probe", command, "--help"],
@@ -80,3 +80,47 @@ def test_documented_bench_json_keys_are_the_real_ones(tmp_path: Path) -> None:
     document = json.loads(result.stdout)
     real = set(document) | {key for row in document["results"] for key in row}
     assert documented == real
+
+
+def test_documented_run_json_keys_are_the_real_ones(tmp_path: Path) -> None:
+    example = re.search(r'```json\n(\{"schema": "feedscope.run/1".*?)```', README, re.DOTALL)
+    assert example is not None
+    documented = set(re.findall(r'"(\w+)":', example.group(1))) - {"..."}
+    for n in range(4):
+        write_jpeg(tmp_path / "data" / "a" / f"{n}.jpg", solid((40 * n, 90, 90)))
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "probe",
+            "run",
+            "--data",
+            str(tmp_path / "data"),
+            "--gpus",
+            "none",
+            "--db",
+            str(tmp_path / "s.db"),
+            "--json",
+            "--batch-size",
+            "2",
+            "--batches",
+            "2",
+            "--warmup",
+            "1",
+            "--workers",
+            "0",
+            "--image-size",
+            "32",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    lane = document["lanes"][0]
+    real = set(document) | set(lane) | set(lane["batch_latency_ms"]) | set(document["samples"])
+    real |= {"hostname", "cpus", "gpus", "driver", "index", "uuid", "name", "memory_mib"}
+    real |= {"source", "device", "metric", "reason"}  # an unavailable metric's keys
+    assert documented <= real, documented - real
+    assert set(lane) <= documented, "every lane key is documented"
