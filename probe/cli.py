@@ -7,13 +7,14 @@ on stdout; human text goes to stderr, except a command's final table, which goes
 
 from __future__ import annotations
 
+import functools
 import json
 import signal
 import socket
 import sys
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -73,8 +74,41 @@ def cli() -> None:
     """feedscope: is your GPU waiting for data, why, and what should you change?"""
 
 
+@dataclass(frozen=True)
+class PipelineArgs:
+    """The pipeline options of a measuring command, as given."""
+
+    data_dir: Path | None
+    batch_size: int
+    image_size: int
+    workers: int | None
+    threads: int | None
+    decoder: str | None
+    dtype: str
+    skip_corrupt: bool
+
+    def spec(self, device: int | None, cores: int) -> PipelineSpec:
+        """The spec they describe (workers and threads default to `cores`), validated before
+        any long work starts; the data folder is the sample data's until it is resolved."""
+        return PipelineSpec(
+            data_dir=self.data_dir if self.data_dir is not None else default_sample_dir(),
+            batch_size=self.batch_size,
+            image_size=self.image_size,
+            device=device,
+            skip_corrupt=self.skip_corrupt,
+            dataloader=DataLoaderOptions(
+                num_workers=cores if self.workers is None else self.workers,
+                output_dtype=OutputDtype(self.dtype),
+            ),
+            dali=DaliOptions(
+                num_threads=cores if self.threads is None else self.threads,
+                decoder=None if self.decoder is None else Decoder(self.decoder),
+            ),
+        )
+
+
 def _pipeline_options(function: F) -> F:
-    """The options that describe the input pipeline, shared by the measuring commands."""
+    """Adds the options that describe the input pipeline; the command gets them as `pipeline`."""
     options = [
         click.option(
             "--data", "data_dir", type=click.Path(path_type=Path), default=None,
@@ -93,11 +127,23 @@ def _pipeline_options(function: F) -> F:
                      show_default=True,
                      help="What DataLoader workers hand over (uint8: normalized on the device)."),
         click.option("--skip-corrupt", is_flag=True, help="Skip and count undecodable images."),
-        click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout."),
     ]  # fmt: skip
+    names = [field.name for field in fields(PipelineArgs)]
+
+    @functools.wraps(function)
+    def command(**kwargs: Any) -> Any:
+        pipeline = PipelineArgs(**{name: kwargs.pop(name) for name in names})
+        return function(pipeline=pipeline, **kwargs)
+
     for option in reversed(options):
-        function = option(function)
-    return function
+        command = option(command)
+    return command  # type: ignore[return-value]
+
+
+def _json_option(function: F) -> F:
+    return click.option(
+        "--json", "as_json", is_flag=True, help="Print one JSON document on stdout."
+    )(function)
 
 
 def _store_option(function: F) -> F:
@@ -135,6 +181,7 @@ def data_make(directory: Path, count: int, classes: int, seed: int) -> None:
 
 @cli.command()
 @_pipeline_options
+@_json_option
 @click.option(
     "--pipeline",
     "backends",
@@ -168,14 +215,7 @@ def data_make(directory: Path, count: int, classes: int, seed: int) -> None:
     help="Stop after this many measured batches, if sooner.",
 )
 def bench(
-    data_dir: Path | None,
-    batch_size: int,
-    image_size: int,
-    workers: int | None,
-    threads: int | None,
-    decoder: str | None,
-    dtype: str,
-    skip_corrupt: bool,
+    pipeline: PipelineArgs,
     as_json: bool,
     backends: Sequence[str],
     gpu: str | None,
@@ -190,10 +230,7 @@ def bench(
     """
     device, device_note = _pick_gpu(gpu)
     cpus = available_cpus()
-    spec = _spec(
-        data_dir, batch_size, image_size, workers, threads, decoder, dtype, skip_corrupt, device,
-        cpus,
-    )  # fmt: skip
+    spec = pipeline.spec(device, cpus)
     check_device(device)
     chosen = [Backend(b) for b in backends] or list(Backend)
     missing: dict[str, str] = {}
@@ -205,12 +242,13 @@ def bench(
                 raise
             missing[backend.value] = str(error)
             chosen.remove(backend)
-    root = _resolve_data(data_dir)
+    root = _resolve_data(pipeline.data_dir)
     dataset = discover(root)
     where = "CPU" if device is None else f"GPU {device}"
     _err.print(
         f"data: {root} ({len(dataset)} images, {len(dataset.classes)} classes); "
-        f"device: {where}{device_note}; batch size {batch_size}; {cpus} CPU cores available"
+        f"device: {where}{device_note}; batch size {pipeline.batch_size}; "
+        f"{cpus} CPU cores available"
     )
     results = [_bench_one(spec, b, dataset, warmup, duration, batches) for b in chosen]
     if as_json:
@@ -219,7 +257,7 @@ def bench(
             "data_dir": str(root),
             "images_in_dataset": len(dataset),
             "device": None if device is None else f"cuda:{device}",
-            "batch_size": batch_size,
+            "batch_size": pipeline.batch_size,
             "cpus": cpus,
             "results": [_result_json(r) for r in results],
             "unavailable": missing,
@@ -233,6 +271,7 @@ def bench(
 
 @cli.command()
 @_pipeline_options
+@_json_option
 @_store_option
 @click.option(
     "--pipeline",
@@ -282,14 +321,7 @@ def bench(
 )
 @click.option("--label", default=None, help="A name for the run, shown in listings.")
 def run(
-    data_dir: Path | None,
-    batch_size: int,
-    image_size: int,
-    workers: int | None,
-    threads: int | None,
-    decoder: str | None,
-    dtype: str,
-    skip_corrupt: bool,
+    pipeline: PipelineArgs,
     as_json: bool,
     db: Path | None,
     backend: str,
@@ -317,10 +349,7 @@ def run(
     chosen = select_gpus(gpus, devices)
     plans = plan_lanes(chosen, num_shards)
     per_lane = max(1, available_cpus() // len(plans))
-    spec = _spec(
-        data_dir, batch_size, image_size, workers, threads, decoder, dtype, skip_corrupt, None,
-        per_lane,
-    )  # fmt: skip
+    spec = pipeline.spec(None, per_lane)
     config = ProbeConfig(
         backend=Backend(backend),
         spec=spec,
@@ -334,7 +363,7 @@ def run(
     )
     check_backend(config.backend)
     store = Store(db)
-    config = replace(config, spec=replace(spec, data_dir=_resolve_data(data_dir)))
+    config = replace(config, spec=replace(spec, data_dir=_resolve_data(pipeline.data_dir)))
     check_config(config)  # the dataset and its shards, before the run is announced
     if chosen is None:
         where = f"the CPU, {len(plans)} lane(s)" + ("" if devices else " (no CUDA GPU visible)")
@@ -350,9 +379,8 @@ def run(
         )
         if part
     )
-    options = (
-        describe_settings(config.lane_spec(plans[0]), config.backend) + f", batch {batch_size}"
-    )
+    options = describe_settings(config.lane_spec(plans[0]), config.backend)
+    options += f", batch {pipeline.batch_size}"
     _err.print(
         f"probe: {backend} ({options}) on {where}; consumer {consumer_spec}; "
         f"{warmup} warm-up batches, then {stop_rule} per lane; samples at {sample_hz:g} Hz"
@@ -385,7 +413,7 @@ def run(
 
 @cli.command()
 @_store_option
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+@_json_option
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(min=1))
 def runs(db: Path | None, as_json: bool, limit: int) -> None:
     """List the recorded runs, newest first."""
@@ -424,7 +452,7 @@ def runs(db: Path | None, as_json: bool, limit: int) -> None:
 @cli.command()
 @_store_option
 @click.argument("run_id", metavar="RUN")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+@_json_option
 def show(db: Path | None, run_id: str, as_json: bool) -> None:
     """Show one run (its id, a unique start of it, or `last`)."""
     from probe.summary import run_document
@@ -452,35 +480,6 @@ def show(db: Path | None, run_id: str, as_json: bool) -> None:
     )
     _out.print(_run_table(document))
     _print_run_notes(document)
-
-
-def _spec(
-    data_dir: Path | None,
-    batch_size: int,
-    image_size: int,
-    workers: int | None,
-    threads: int | None,
-    decoder: str | None,
-    dtype: str,
-    skip_corrupt: bool,
-    device: int | None,
-    cores: int,
-) -> PipelineSpec:
-    """The spec the options describe, validated before any long work starts."""
-    return PipelineSpec(
-        data_dir=data_dir if data_dir is not None else default_sample_dir(),
-        batch_size=batch_size,
-        image_size=image_size,
-        device=device,
-        skip_corrupt=skip_corrupt,
-        dataloader=DataLoaderOptions(
-            num_workers=cores if workers is None else workers, output_dtype=OutputDtype(dtype)
-        ),
-        dali=DaliOptions(
-            num_threads=cores if threads is None else threads,
-            decoder=None if decoder is None else Decoder(decoder),
-        ),
-    )
 
 
 def _resolve_data(data_dir: Path | None) -> Path:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from probe.samplers import GpuSample, LaneCpuSample
 from probe.store import BatchEvent, LaneRecord, RunRecord, Store
@@ -64,7 +64,7 @@ def lane_figures(
         wait_ms_p50=statistics.median(e.wait_s * 1e3 for e in measured),
         step_ms_p50=statistics.median(e.step_s * 1e3 for e in measured),
     )
-    gpu = [s for s in gpu_samples if start_ns <= s.t_ns <= end_ns]
+    gpu = _covering(gpu_samples, start_ns, end_ns)
     sm_active = _mean([s.sm_active_pct for s in gpu])
     kernel_active = _mean([s.kernel_active_pct for s in gpu])
     figures.update(
@@ -79,7 +79,7 @@ def lane_figures(
         nvjpg_pct=_mean([s.nvjpg_pct for s in gpu]),
         memory_used_mib=_max([s.memory_used_mib for s in gpu]),
     )
-    cpu = [s for s in cpu_samples if start_ns <= s.t_ns <= end_ns]
+    cpu = _covering(cpu_samples, start_ns, end_ns)
     figures.update(
         cpu_pct=_mean([s.cpu_pct for s in cpu]),
         main_thread_cpu_pct=_mean([s.main_thread_cpu_pct for s in cpu]),
@@ -144,6 +144,17 @@ def run_document(store: Store, run_id: str) -> dict[str, Any]:
         ],
         "lanes": lanes,
     }
+
+
+_Timed = TypeVar("_Timed", GpuSample, LaneCpuSample)
+
+
+def _covering(samples: Sequence[_Timed], start_ns: int, end_ns: int) -> list[_Timed]:
+    """The samples within [start, end], and the first after it: a sample covers the interval
+    that ends at its time, so that one covers the window's end (or all of a short window)."""
+    inside = [s for s in samples if start_ns <= s.t_ns <= end_ns]
+    after = next((s for s in samples if s.t_ns > end_ns), None)
+    return inside + ([after] if after is not None else [])
 
 
 def _mean(values: Sequence[float | None]) -> float | None:
