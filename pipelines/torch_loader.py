@@ -14,6 +14,7 @@ No torchvision: the augmentation follows torchvision's RandomResizedCrop and Ran
 
 from __future__ import annotations
 
+import contextlib
 import math
 import multiprocessing
 import random
@@ -56,24 +57,29 @@ class TorchPipeline(InputPipeline):
             torch.cuda.set_device(self._device)  # the pin-memory thread pins for the current device
         self._normalize = Normalizer(spec.augmentation, self._device)
         workers = options.num_workers
-        self._loader = DataLoader(
-            ShardDataset(self.shard.files, self.shard.labels, spec),
-            batch_size=spec.batch_size,
-            shuffle=False,  # the read order is the dataset's, the same as DALI's
-            num_workers=workers,
-            collate_fn=_Collate(spec),
-            pin_memory=options.pin_memory and on_gpu,
-            drop_last=False,
-            prefetch_factor=options.prefetch_factor if workers > 0 else None,
-            persistent_workers=options.persistent_workers and workers > 0,
-            worker_init_fn=_seed_worker,
-            generator=torch.Generator().manual_seed(spec.seed),
-            multiprocessing_context=_start_method(options.start_method) if workers > 0 else None,
-        )
+        with _quiet_about_worker_count():
+            self._loader = DataLoader(
+                ShardDataset(self.shard.files, self.shard.labels, spec),
+                batch_size=spec.batch_size,
+                shuffle=False,  # the read order is the dataset's, the same as DALI's
+                num_workers=workers,
+                collate_fn=_Collate(spec),
+                pin_memory=options.pin_memory and on_gpu,
+                drop_last=False,
+                prefetch_factor=options.prefetch_factor if workers > 0 else None,
+                persistent_workers=options.persistent_workers and workers > 0,
+                worker_init_fn=_seed_worker,
+                generator=torch.Generator().manual_seed(spec.seed),
+                multiprocessing_context=_start_method(options.start_method)
+                if workers > 0
+                else None,
+            )
 
     def __iter__(self) -> Iterator[Batch]:
         normalize_here = self.spec.dataloader.output_dtype is OutputDtype.UINT8
-        for host_images, host_labels, failures in self._loader:
+        with _quiet_about_worker_count():
+            batches = iter(self._loader)
+        for host_images, host_labels, failures in batches:
             if failures:
                 if not self.spec.skip_corrupt:
                     path, _, reason = failures[0].partition("\t")
@@ -227,6 +233,17 @@ class _Collate:
         if self.float_output:
             images = self.normalize(images)
         return images, labels, failures
+
+
+@contextlib.contextmanager
+def _quiet_about_worker_count() -> Iterator[None]:
+    """More workers than cores is a setting to measure here (sweeps go past the cores on
+    purpose), not one to warn about: the diagnosis says what it costs."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message="This DataLoader will create", category=UserWarning
+        )
+        yield
 
 
 def _start_method(asked: str | None) -> str:

@@ -13,16 +13,16 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 from rich.console import Console
 from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-from rich.table import Table
 
 from pipelines import (
     Backend,
@@ -47,13 +47,17 @@ from pipelines.sample_data import (
     ensure_default_dataset,
     make_sample_dataset,
 )
+from probe import terminal
 from probe.bench import BenchResult, bench_pipeline, describe_settings
 from probe.consumers import check_model, parse_consumer
 from probe.store import RunStatus, Store
 
+if TYPE_CHECKING:  # imported where used: it brings torch
+    from probe.runner import ProbeConfig
+
 BENCH_SCHEMA = "feedscope.bench/1"
-RUNS_SCHEMA = "feedscope.runs/1"
 EXIT_FAILED, EXIT_INTERRUPTED = 1, 130
+DOCTOR_CONSUMER = "sleep:30"  # what ResNet-50 takes per batch of 128 on one H200: 30 ms
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -107,9 +111,44 @@ class PipelineArgs:
         )
 
 
-def _pipeline_options(function: F) -> F:
-    """Adds the options that describe the input pipeline; the command gets them as `pipeline`."""
-    options = [
+@dataclass(frozen=True)
+class LaneArgs:
+    """Where and how a probe runs: GPUs, shards, consumer, warm-up, sampling."""
+
+    gpus: str | None
+    num_shards: int | None
+    consumer: str
+    warmup: int
+    sample_hz: float
+
+
+def _options(*options: Callable[[F], F]) -> Callable[[F], F]:
+    def apply(function: F) -> F:
+        for option in reversed(options):
+            function = option(function)
+        return function
+
+    return apply
+
+
+def _bundled(kind: type, options: Sequence[Callable[[F], F]], name: str) -> Callable[[F], F]:
+    """Adds `options` to a command, which gets them as one `kind` object, argument `name`."""
+    names = [field.name for field in fields(kind)]
+
+    def decorate(function: F) -> F:
+        @functools.wraps(function)
+        def command(**kwargs: Any) -> Any:
+            bundle = kind(**{key: kwargs.pop(key) for key in names})
+            return function(**{name: bundle}, **kwargs)
+
+        return _options(*options)(command)  # type: ignore[arg-type]
+
+    return decorate
+
+
+_pipeline_options = _bundled(
+    PipelineArgs,
+    [
         click.option(
             "--data", "data_dir", type=click.Path(path_type=Path), default=None,
             help="Class-per-folder dataset.  [default: the built-in sample data]",
@@ -127,30 +166,40 @@ def _pipeline_options(function: F) -> F:
                      show_default=True,
                      help="What DataLoader workers hand over (uint8: normalized on the device)."),
         click.option("--skip-corrupt", is_flag=True, help="Skip and count undecodable images."),
-    ]  # fmt: skip
-    names = [field.name for field in fields(PipelineArgs)]
-
-    @functools.wraps(function)
-    def command(**kwargs: Any) -> Any:
-        pipeline = PipelineArgs(**{name: kwargs.pop(name) for name in names})
-        return function(pipeline=pipeline, **kwargs)
-
-    for option in reversed(options):
-        command = option(command)
-    return command  # type: ignore[return-value]
+    ],
+    "pipeline",
+)  # fmt: skip
 
 
-def _json_option(function: F) -> F:
-    return click.option(
-        "--json", "as_json", is_flag=True, help="Print one JSON document on stdout."
-    )(function)
+def _lane_options(consumer: str, warmup: int) -> Callable[[F], F]:
+    return _bundled(
+        LaneArgs,
+        [
+            click.option("--gpus", default=None,
+                         help="CUDA indices (0,1), all, or none for the CPU.  [default: all "
+                              "visible GPUs, else the CPU]"),
+            click.option("--num-shards", default=None, type=int,
+                         help="Shards the dataset is split into; lane i reads shard i.  "
+                              "[default: one per GPU; on the CPU, 1]"),
+            click.option("--consumer", default=consumer, show_default=True,
+                         help="What eats the batches: none, sleep:MS (a step of MS ms), or "
+                              "model:NAME (a training step, e.g. model:resnet50)."),
+            click.option("--warmup", default=warmup, show_default=True, type=int,
+                         help="Batches per lane before measuring (not counted)."),
+            click.option("--sample-hz", default=10.0, show_default=True, type=float,
+                         help="Hardware samples per second (0: none)."),
+        ],
+        "lanes",
+    )  # fmt: skip
 
 
-def _store_option(function: F) -> F:
-    return click.option(
-        "--db", type=click.Path(path_type=Path), default=None,
-        help="The store (an SQLite file).  [default: $FEEDSCOPE_DB, else your data folder]",
-    )(function)  # fmt: skip
+_json_option = click.option(
+    "--json", "as_json", is_flag=True, help="Print one JSON document on stdout."
+)
+_store_option = click.option(
+    "--db", type=click.Path(path_type=Path), default=None,
+    help="The store (an SQLite file).  [default: $FEEDSCOPE_DB, else your data folder]",
+)  # fmt: skip
 
 
 @cli.group()
@@ -208,12 +257,8 @@ def data_make(directory: Path, count: int, classes: int, seed: int) -> None:
     type=click.FloatRange(min=0, min_open=True),
     help="Seconds measured per pipeline.",
 )
-@click.option(
-    "--batches",
-    default=None,
-    type=click.IntRange(min=1),
-    help="Stop after this many measured batches, if sooner.",
-)
+@click.option("--batches", default=None, type=click.IntRange(min=1),
+              help="Stop after this many measured batches, if sooner.")  # fmt: skip
 def bench(
     pipeline: PipelineArgs,
     as_json: bool,
@@ -250,6 +295,7 @@ def bench(
         f"device: {where}{device_note}; batch size {pipeline.batch_size}; "
         f"{cpus} CPU cores available"
     )
+    spec = replace(spec, data_dir=root)
     results = [_bench_one(spec, b, dataset, warmup, duration, batches) for b in chosen]
     if as_json:
         document = {
@@ -264,13 +310,14 @@ def bench(
         }
         click.echo(json.dumps(document, indent=2))
         return
-    _out.print(_bench_table(results))
+    _out.print(terminal.bench_table(results))
     for backend_name, reason in missing.items():
         _err.print(f"{backend_name}: not measured: {reason}")
 
 
 @cli.command()
 @_pipeline_options
+@_lane_options(consumer="none", warmup=5)
 @_json_option
 @_store_option
 @click.option(
@@ -280,58 +327,22 @@ def bench(
     default="torch",
     show_default=True,
 )
-@click.option(
-    "--gpus",
-    default=None,
-    help="CUDA indices (0,1), all, or none for the CPU.  [default: all visible GPUs, else the CPU]",
-)
-@click.option(
-    "--num-shards",
-    default=None,
-    type=int,
-    help="Shards the dataset is split into; lane i reads shard i.  [default: one per "
-    "GPU; on the CPU, 1]",
-)
-@click.option(
-    "--consumer",
-    default="none",
-    show_default=True,
-    help="What eats the batches: none, sleep:MS, or model:NAME (e.g. model:resnet50).",
-)
 @click.option("--batches", default=None, type=int, help="Measured batches per lane.")
-@click.option(
-    "--warmup",
-    default=5,
-    show_default=True,
-    type=int,
-    help="Batches per lane before measuring (not counted).",
-)
 @click.option(
     "--duration",
     default=None,
     type=float,
     help="Measured seconds per lane.  [default: 10 unless --batches is given]",
 )
-@click.option(
-    "--sample-hz",
-    default=10.0,
-    show_default=True,
-    type=float,
-    help="Hardware samples per second (0: none).",
-)
-@click.option("--label", default=None, help="A name for the run, shown in listings.")
+@click.option("--label", default=None, help="A name for the run, shown in listings.")  # fmt: skip
 def run(
     pipeline: PipelineArgs,
+    lanes: LaneArgs,
     as_json: bool,
     db: Path | None,
     backend: str,
-    gpus: str | None,
-    num_shards: int | None,
-    consumer: str,
     batches: int | None,
-    warmup: int,
     duration: float | None,
-    sample_hz: float,
     label: str | None,
 ) -> None:
     """Run a pipeline on the chosen GPUs and shards, sample the hardware, and record it all.
@@ -339,53 +350,13 @@ def run(
     One process per GPU, lane i reading shard i of N, as DDP training does; with --gpus none,
     one CPU lane per shard. Ctrl-C stops the run and keeps what it recorded.
     """
-    from probe.devices import cuda_devices, describe, select_gpus
-    from probe.runner import ProbeConfig, check_config, plan_lanes, run_probe
+    from probe.runner import run_probe
     from probe.summary import run_document
 
-    consumer_spec = parse_consumer(consumer)
-    check_model(consumer_spec)
-    devices = cuda_devices()
-    chosen = select_gpus(gpus, devices)
-    plans = plan_lanes(chosen, num_shards)
-    per_lane = max(1, available_cpus() // len(plans))
-    spec = pipeline.spec(None, per_lane)
-    config = ProbeConfig(
-        backend=Backend(backend),
-        spec=spec,
-        lanes=plans,
-        consumer=consumer_spec,
-        warmup=warmup,
-        batches=batches,
-        duration_s=duration if duration is not None or batches is not None else 10.0,
-        sample_hz=sample_hz,
-        label=label,
-    )
-    check_backend(config.backend)
-    store = Store(db)
-    config = replace(config, spec=replace(spec, data_dir=_resolve_data(pipeline.data_dir)))
-    check_config(config)  # the dataset and its shards, before the run is announced
-    if chosen is None:
-        where = f"the CPU, {len(plans)} lane(s)" + ("" if devices else " (no CUDA GPU visible)")
-    else:
-        where = (
-            "GPU " + describe(list(chosen)) + ("" if gpus else " (all visible; pick with --gpus)")
-        )
-    stop_rule = " or ".join(
-        part
-        for part in (
-            f"{config.batches} batches" if config.batches else "",
-            f"{config.duration_s:g} s" if config.duration_s else "",
-        )
-        if part
-    )
-    options = describe_settings(config.lane_spec(plans[0]), config.backend)
-    options += f", batch {pipeline.batch_size}"
-    _err.print(
-        f"probe: {backend} ({options}) on {where}; consumer {consumer_spec}; "
-        f"{warmup} warm-up batches, then {stop_rule} per lane; samples at {sample_hz:g} Hz"
-    )
-    _err.print(f"data: {config.spec.data_dir}; store: {store.path}")
+    if duration is None and batches is None:
+        duration = 10.0
+    config, store = _prepare(pipeline, lanes, db, Backend(backend), batches, duration, label)
+    _announce(config, lanes, store, pipeline)
     stop = threading.Event()
     with (
         _stopping_on_signals(stop),
@@ -395,20 +366,135 @@ def run(
             config,
             store,
             stop=stop,
-            on_update=lambda lanes: live.update(_live_table(lanes)),
+            on_update=lambda states: live.update(terminal.live_table(states)),
             on_start=lambda run_id: _err.print(f"run {run_id}"),
         )
+    from probe.diagnose import diagnose_run
+
     document = run_document(store, run_id)
+    diagnosis = diagnose_run(store, run_id).as_dict()
+    store.close()
+    if as_json:
+        click.echo(json.dumps({**document, "diagnosis": diagnosis}, indent=2))
+    else:
+        _out.print(terminal.run_table(document))
+        _print_lines(terminal.run_notes(document))
+        _print_lines(terminal.diagnosis_lines(diagnosis["verdict"], diagnosis["recommendations"]))
+    _exit_for(document["status"])
+
+
+@cli.command()
+@_pipeline_options
+@_lane_options(consumer="none", warmup=3)
+@_json_option
+@_store_option
+@click.option(
+    "--pipeline",
+    "backend",
+    type=click.Choice([b.value for b in Backend]),
+    default="torch",
+    show_default=True,
+    help="torch sweeps num_workers; dali sweeps num_threads.",
+)
+@click.option(
+    "--values",
+    default=None,
+    help="Settings to try, e.g. 2,4,8,16.  [default: powers of two up to the cores "
+    "per GPU, and one step past]",
+)
+@click.option("--budget", default=120.0, show_default=True, type=float,
+              help="Seconds for the whole sweep, start-ups included.")  # fmt: skip
+def sweep(
+    pipeline: PipelineArgs,
+    lanes: LaneArgs,
+    as_json: bool,
+    db: Path | None,
+    backend: str,
+    values: str | None,
+    budget: float,
+) -> None:
+    """Sweep DataLoader workers (or DALI threads): each setting a run; find the knee.
+
+    The knee is the smallest setting within 5% of the best throughput measured; settings past
+    the best that measured more than 5% slower are flagged oversubscribed. The sweep stops early
+    once throughput has clearly fallen past its peak.
+    """
+    from probe.diagnose import ladder
+    from probe.sweep import check_budget, run_sweep
+
+    knob = "num_workers" if backend == Backend.TORCH.value else "num_threads"
+    check_budget(budget, 2, "a sweep")
+    config, store = _prepare(pipeline, lanes, db, Backend(backend), None, 1.0, None)
+    settings = _int_list(values, "--values") if values else ladder(_cores_per_lane(config))
+    _err.print(
+        f"sweep: {knob} over {', '.join(map(str, settings))}; consumer {config.consumer}; "
+        f"budget {budget:g} s; store: {store.path}"
+    )
+    with _stopping_on_signals(stop := threading.Event()):
+        document = run_sweep(config, knob, settings, budget, store, stop=stop, on_event=_narrate)
     store.close()
     if as_json:
         click.echo(json.dumps(document, indent=2))
     else:
-        _out.print(_run_table(document))
-        _print_run_notes(document)
-    if document["status"] == RunStatus.INTERRUPTED.value:
-        sys.exit(EXIT_INTERRUPTED)
-    if document["status"] == RunStatus.FAILED.value:
-        sys.exit(EXIT_FAILED)
+        _out.print(terminal.sweep_table(document["points"], knob, document))
+        if document["reason"]:
+            _err.print(document["reason"])
+    _exit_for(document["status"])
+
+
+@cli.command()
+@_pipeline_options
+@_lane_options(consumer=DOCTOR_CONSUMER, warmup=3)
+@_json_option
+@_store_option
+@click.option("--budget", default=45.0, show_default=True, type=float,
+              help="Seconds for the whole diagnosis, start-ups included.")  # fmt: skip
+def doctor(
+    pipeline: PipelineArgs,
+    lanes: LaneArgs,
+    as_json: bool,
+    db: Path | None,
+    budget: float,
+) -> None:
+    """The whole diagnosis: is the GPU starved, why, and what to change; verified by running it.
+
+    Sweeps DataLoader workers with the consumer, runs DALI with it (mixed on a GPU, cpu without),
+    judges your setting (--workers, default the cores per GPU), ranks the changes by measured
+    throughput, and runs the first one again to check it. The default consumer is a 30 ms step
+    per batch: what ResNet-50 takes at batch 128 on one H200.
+    """
+    from probe.diagnose import ladder
+    from probe.sweep import check_budget, doctor_minimum, run_doctor
+
+    check_budget(budget, *doctor_minimum())
+    config, store = _prepare(pipeline, lanes, db, Backend.TORCH, None, 1.0, None)
+    cores = _cores_per_lane(config)
+    baseline = config.spec.dataloader.num_workers
+    on_gpu = config.lanes[0].device is not None
+    threads = pipeline.threads or (min(8, cores) if on_gpu else cores)
+    settings = ladder(cores)
+    if lanes.consumer == DOCTOR_CONSUMER:
+        _err.print(
+            f"consumer: {DOCTOR_CONSUMER}, a training step of 30 ms per batch (ResNet-50 takes "
+            "about that at batch 128 on one H200); give --consumer for yours"
+        )
+    _err.print(
+        f"doctor: DataLoader num_workers over {', '.join(map(str, settings))} (yours: {baseline}), "
+        f"then DALI with {threads} threads, then a verification; budget {budget:g} s; "
+        f"store: {store.path}"
+    )
+    with _stopping_on_signals(stop := threading.Event()):
+        document = run_doctor(
+            config, settings, baseline, threads, budget, store, stop=stop, on_event=_narrate
+        )
+    store.close()
+    if as_json:
+        click.echo(json.dumps(document, indent=2))
+    else:
+        _out.print(terminal.sweep_table(document["sweep"], "num_workers", document))
+        _print_lines(terminal.doctor_lines(document), console=_out)
+        _err.print(f"session {document['session_id']}")
+    _exit_for(document["status"])
 
 
 @cli.command()
@@ -427,26 +513,16 @@ def runs(db: Path | None, as_json: bool, limit: int) -> None:
         keys = ("run_id", "status", "reason", "pipeline", "consumer", "created", "label",
                 "images_per_s")  # fmt: skip
         listing = [
-            {**{k: d[k] for k in keys}, "lanes": len(d["lanes"]), "data_wait_frac": _mean_wait(d)}
+            {**{k: d[k] for k in keys}, "lanes": len(d["lanes"]),
+             "data_wait_frac": terminal.mean_wait(d)}
             for d in documents
-        ]
+        ]  # fmt: skip
         click.echo(json.dumps(listing, indent=2))
         return
     if not documents:
         _err.print("no runs yet: start one with `probe run`")
         return
-    table = Table(title=f"Runs ({len(documents)} newest)")
-    for column in ("run", "created (UTC)", "status", "pipeline", "consumer", "lanes", "images/s",
-                   "data-wait", "label"):  # fmt: skip
-        table.add_column(column, justify="right" if column in ("images/s", "data-wait") else "left")
-    for d in documents:
-        wait = _mean_wait(d)
-        table.add_row(
-            d["run_id"], d["created"].replace("T", " ").rstrip("Z"), d["status"], d["pipeline"],
-            d["consumer"], _lanes_text(d), f"{d['images_per_s']:,.0f}",
-            "-" if wait is None else f"{wait:.0%}", d["label"] or "",
-        )  # fmt: skip
-    _out.print(table)
+    _out.print(terminal.runs_table(documents))
 
 
 @cli.command()
@@ -454,32 +530,154 @@ def runs(db: Path | None, as_json: bool, limit: int) -> None:
 @click.argument("run_id", metavar="RUN")
 @_json_option
 def show(db: Path | None, run_id: str, as_json: bool) -> None:
-    """Show one run (its id, a unique start of it, or `last`)."""
+    """Show a run and its diagnosis (its id, a unique start of it, or `last`), or a sweep or
+    doctor session (its id)."""
+    from probe.diagnose import diagnose_run
     from probe.summary import run_document
 
     with Store(db) as store:
+        if run_id.startswith(("sweep-", "doctor-")):
+            _show_session(store.session(run_id).document, as_json)
+            return
         document = run_document(store, store.run(run_id).run_id)
+        diagnosis = diagnose_run(store, document["run_id"]).as_dict()
+    if as_json:
+        click.echo(json.dumps({**document, "diagnosis": diagnosis}, indent=2))
+        return
+    host = document["host"]
+    reason = f": {document['reason']}" if document["reason"] else ""
+    label = f", label {document['label']}" if document["label"] else ""
+    gpus = ", ".join(f"{g['index']}: {g['name']}" for g in host.get("gpus", [])) or "none"
+    _print_lines(
+        [
+            f"run {document['run_id']} ({document['status']}{reason}), created "
+            f"{document['created']}{label}",
+            f"pipeline {document['pipeline']}, consumer {document['consumer']}; data "
+            f"{document['config']['spec']['data_dir']}",
+            f"host {host.get('hostname')}: {host.get('cpus')} CPU cores "
+            f"({host.get('cpu_model', '?')}), GPUs {gpus}; torch {host.get('torch', '?')}, "
+            f"DALI {host.get('dali') or 'not installed'}",
+        ]
+    )
+    _out.print(terminal.run_table(document))
+    _print_lines(terminal.run_notes(document))
+    _print_lines(terminal.diagnosis_lines(diagnosis["verdict"], diagnosis["recommendations"]))
+
+
+def _show_session(document: dict[str, Any], as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(document, indent=2))
         return
-    host = document["host"]
-    _err.print(
-        f"run {document['run_id']} ({document['status']}"
-        + (f": {document['reason']}" if document["reason"] else "")
-        + f"), created {document['created']}"
-        + (f", label {document['label']}" if document["label"] else "")
+    if document["schema"].startswith("feedscope.doctor"):
+        _out.print(terminal.sweep_table(document["sweep"], "num_workers", document))
+        _print_lines(terminal.doctor_lines(document), console=_out)
+    else:
+        knob = document.get("knob", "num_workers")
+        _out.print(terminal.sweep_table(document["points"], knob, document))
+
+
+def _prepare(
+    pipeline: PipelineArgs,
+    lanes: LaneArgs,
+    db: Path | None,
+    backend: Backend,
+    batches: int | None,
+    duration: float | None,
+    label: str | None,
+) -> tuple[ProbeConfig, Store]:
+    """Checks everything a probe needs, cheapest first; opens the store; then resolves the data
+    (generating the sample data on first use)."""
+    from probe.devices import cuda_devices, select_gpus
+    from probe.runner import ProbeConfig, check_config, plan_lanes
+
+    consumer = parse_consumer(lanes.consumer)
+    check_model(consumer)
+    chosen = select_gpus(lanes.gpus, cuda_devices())
+    plans = plan_lanes(chosen, lanes.num_shards)
+    spec = pipeline.spec(None, max(1, available_cpus() // len(plans)))
+    config = ProbeConfig(
+        backend=backend,
+        spec=spec,
+        lanes=plans,
+        consumer=consumer,
+        warmup=lanes.warmup,
+        batches=batches,
+        duration_s=duration,
+        sample_hz=lanes.sample_hz,
+        label=label,
     )
-    _err.print(
-        f"pipeline {document['pipeline']}, consumer {document['consumer']}; "
-        f"data {document['config']['spec']['data_dir']}"
+    check_backend(backend)
+    store = Store(db)
+    config = replace(config, spec=replace(spec, data_dir=_resolve_data(pipeline.data_dir)))
+    check_config(config)  # the dataset and its shards, before anything is announced
+    return config, store
+
+
+def _announce(config: ProbeConfig, lanes: LaneArgs, store: Store, pipeline: PipelineArgs) -> None:
+    from probe.devices import cuda_devices, describe
+
+    devices = [p.device for p in config.lanes if p.device is not None]
+    if not devices:
+        visible = "" if cuda_devices() else " (no CUDA GPU visible)"
+        where = f"the CPU, {len(config.lanes)} lane(s){visible}"
+    else:
+        where = (
+            "GPU " + describe(devices) + ("" if lanes.gpus else " (all visible; pick with --gpus)")
+        )
+    stop_rule = " or ".join(
+        part
+        for part in (
+            f"{config.batches} batches" if config.batches else "",
+            f"{config.duration_s:g} s" if config.duration_s else "",
+        )
+        if part
     )
-    gpus = ", ".join(f"{g['index']}: {g['name']}" for g in host["gpus"]) or "none"
+    options = describe_settings(config.lane_spec(config.lanes[0]), config.backend)
     _err.print(
-        f"host {host['hostname']}: {host['cpus']} CPU cores ({host.get('cpu_model')}), "
-        f"GPUs {gpus}; torch {host['torch']}, DALI {host['dali'] or 'not installed'}"
+        f"probe: {config.backend.value} ({options}, batch {pipeline.batch_size}) on {where}; "
+        f"consumer {config.consumer}; {config.warmup} warm-up batches, then {stop_rule} per "
+        f"lane; samples at {config.sample_hz:g} Hz"
     )
-    _out.print(_run_table(document))
-    _print_run_notes(document)
+    _err.print(f"data: {config.spec.data_dir}; store: {store.path}")
+
+
+def _narrate(kind: str, payload: dict[str, Any]) -> None:
+    """One line per run of a sweep or doctor session."""
+    if kind == "start":
+        _err.print(f"measuring {payload['label']} for {payload['duration_s']:.1f} s")
+    elif kind == "run":
+        waits = [x["data_wait_frac"] for x in payload["lanes"] if x["data_wait_frac"] is not None]
+        wait = f", data-wait {max(waits):.0%}" if waits else ""
+        _err.print(
+            f"  {payload['images_per_s']:,.0f} images/s{wait} ({payload['status']}, run "
+            f"{payload['run_id']})"
+        )
+
+
+def _cores_per_lane(config: ProbeConfig) -> int:
+    return max(1, available_cpus() // len(config.lanes))
+
+
+def _int_list(text: str, option: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise InputError(f"{option} takes whole numbers like 2,4,8 (got {text!r})") from None
+    if not values or min(values) < 0:
+        raise InputError(f"{option} takes whole numbers >= 0 like 2,4,8 (got {text!r})")
+    return values
+
+
+def _exit_for(status: str) -> None:
+    if status == RunStatus.INTERRUPTED.value:
+        sys.exit(EXIT_INTERRUPTED)
+    if status == RunStatus.FAILED.value:
+        sys.exit(EXIT_FAILED)
+
+
+def _print_lines(lines: Sequence[str], console: Console | None = None) -> None:
+    for line in lines:
+        (console or _err).print(line, markup=False)
 
 
 def _resolve_data(data_dir: Path | None) -> Path:
@@ -497,119 +695,21 @@ def _resolve_data(data_dir: Path | None) -> Path:
         return ensure_default_dataset(progress=lambda n: progress.advance(task, n))
 
 
-class _stopping_on_signals:
+@contextmanager
+def _stopping_on_signals(stop: threading.Event) -> Iterator[None]:
     """Ctrl-C and SIGTERM set `stop` (the run ends cleanly) instead of killing the process."""
 
-    def __init__(self, stop: threading.Event) -> None:
-        self.stop = stop
-        self.previous: dict[int, Any] = {}
+    def handle(signum: int, _: Any) -> None:
+        if not stop.is_set():
+            _err.print(f"{signal.Signals(signum).name}: stopping, keeping what was recorded")
+        stop.set()
 
-    def __enter__(self) -> None:
-        def handle(signum: int, _: Any) -> None:
-            if not self.stop.is_set():
-                _err.print(f"{signal.Signals(signum).name}: stopping the run, keeping its data")
-            self.stop.set()
-
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            self.previous[signum] = signal.signal(signum, handle)
-
-    def __exit__(self, *_: object) -> None:
-        for signum, handler in self.previous.items():
+    previous = {signum: signal.signal(signum, handle) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
             signal.signal(signum, handler)
-
-
-def _live_table(lanes: Sequence[Any]) -> Table:
-    import time
-
-    now_ns = time.monotonic_ns()
-    table = Table(title="live (last 3 s)", title_justify="left")
-    for column in ("lane", "device", "shard", "state", "batches", "images/s", "data-wait"):
-        table.add_column(
-            column, justify="right" if column in ("batches", "images/s", "data-wait") else "left"
-        )
-    for lane in lanes:
-        rate, wait = lane.images_per_s(now_ns), lane.data_wait_frac(now_ns)
-        state = lane.state
-        if state == "warming up":
-            state = f"warming up ({lane.warmup_batches})"
-        table.add_row(
-            str(lane.lane), lane.device, lane.shard, state, str(lane.batches),
-            "-" if rate is None else f"{rate:,.0f}", "-" if wait is None else f"{wait:.0%}",
-        )  # fmt: skip
-    return table
-
-
-def _run_table(document: dict[str, Any]) -> Table:
-    table = Table(
-        title=f"run {document['run_id']}: {document['pipeline']}, consumer {document['consumer']}"
-        f" ({document['status']})",
-        caption=f"all lanes: {document['images_per_s']:,.0f} images/s; warm-up batches excluded",
-    )
-    for column in ("lane", "device", "shard", "status", "batches", "images/s", "data-wait",
-                   "latency p50/p95/p99 ms", "GPU busy", "CPU %"):  # fmt: skip
-        table.add_column(
-            column, justify="left" if column in ("lane", "device", "status") else "right"
-        )
-    for lane in document["lanes"]:
-        latency = lane["batch_latency_ms"]
-        table.add_row(
-            str(lane["lane"]),
-            "cpu" if lane["gpu"] is None else f"cuda:{lane['gpu']}",
-            f"{lane['shard_id']}/{lane['num_shards']}",
-            lane["status"],
-            str(lane["batches"]),
-            f"{lane['images_per_s']:,.0f}",
-            "-" if lane["data_wait_frac"] is None else f"{lane['data_wait_frac']:.1%}",
-            "/".join(
-                "-" if latency[k] is None else f"{latency[k]:.1f}" for k in ("p50", "p95", "p99")
-            ),
-            _gpu_busy_text(lane),
-            "-" if lane["cpu_pct"] is None else f"{lane['cpu_pct']:.0f}",
-        )
-    return table
-
-
-def _gpu_busy_text(lane: dict[str, Any]) -> str:
-    """SM activity (GPM), and NVML's kernel-active beside it, each labelled."""
-    if lane["sm_active_source"] == "gpm":
-        kernel = lane["kernel_active_pct"]
-        nvml = "" if kernel is None else f", kernel-active {kernel:.0f}% (NVML)"
-        return f"SM active {lane['sm_active_pct']:.0f}% (GPM){nvml}"
-    if lane["sm_active_source"] == "nvml":
-        return f"kernel-active {lane['sm_active_pct']:.0f}% (NVML)"
-    return "-"
-
-
-def _print_run_notes(document: dict[str, Any]) -> None:
-    for lane in document["lanes"]:
-        if lane["reason"]:
-            _err.print(f"lane {lane['lane']}: {lane['status']}: {lane['reason']}")
-        if lane.get("skipped_files"):
-            _err.print(f"lane {lane['lane']}: skipped {lane['skipped_files']} undecodable file(s)")
-    note = document["config"].get("consumer_note")
-    if note:
-        _err.print(f"consumer: {note}")
-    unavailable: dict[str, list[str]] = {}
-    for item in document["unavailable_metrics"]:
-        unavailable.setdefault(item["reason"], []).append(item["metric"])
-    for reason, metrics in unavailable.items():
-        _err.print(f"unavailable: {', '.join(sorted(set(metrics)))}: {reason}")
-    if document["status"] == RunStatus.RUNNING.value:
-        _err.print("the run is still going: figures so far")
-
-
-def _mean_wait(document: dict[str, Any]) -> float | None:
-    waits = [
-        lane["data_wait_frac"] for lane in document["lanes"] if lane["data_wait_frac"] is not None
-    ]
-    return sum(waits) / len(waits) if waits else None
-
-
-def _lanes_text(document: dict[str, Any]) -> str:
-    gpus = [lane["gpu"] for lane in document["lanes"]]
-    if all(g is None for g in gpus):
-        return f"{len(gpus)} cpu"
-    return "gpu " + ",".join(str(g) for g in gpus)
 
 
 def _bench_one(
@@ -640,29 +740,11 @@ def _bench_one(
         )
 
 
-def _bench_table(results: Sequence[BenchResult]) -> Table:
-    table = Table(title="Input pipelines alone (no consumer), warm-up excluded")
-    for column in ("pipeline", "device", "settings", "batches", "images/s",
-                   "batch p50 ms", "batch p95 ms", "start-up s"):  # fmt: skip
-        left = column in ("pipeline", "device", "settings")
-        table.add_column(column, justify="left" if left else "right")
-    for r in results:
-        table.add_row(
-            r.backend.value, r.device, r.settings, str(r.batches), f"{r.images_per_s:,.0f}",
-            f"{r.batch_interval_ms_p50:.1f}", f"{r.batch_interval_ms_p95:.1f}",
-            f"{r.startup_s:.1f}",
-        )  # fmt: skip
-    if len(results) == 2 and results[0].images_per_s > 0:
-        ratio = results[1].images_per_s / results[0].images_per_s
-        table.caption = f"{results[1].backend.value} / {results[0].backend.value}: {ratio:.2f}x"
-    return table
-
-
 def _result_json(result: BenchResult) -> dict[str, Any]:
-    fields = asdict(result)
-    fields["backend"] = result.backend.value
-    fields["images_per_s"] = result.images_per_s
-    return fields
+    fields_ = asdict(result)
+    fields_["backend"] = result.backend.value
+    fields_["images_per_s"] = result.images_per_s
+    return fields_
 
 
 def _pick_gpu(value: str | None) -> tuple[int | None, str]:

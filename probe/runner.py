@@ -153,6 +153,7 @@ def run_probe(
     stop: threading.Event | None = None,
     on_update: Callable[[list[LaneLive]], None] | None = None,
     on_start: Callable[[str], None] | None = None,
+    session_id: str | None = None,
 ) -> str:
     """Runs the probe and records it; returns the run's id.
 
@@ -160,6 +161,7 @@ def run_probe(
         stop: set it to stop the run early (it is then marked interrupted).
         on_update: called about four times a second with the lanes' live state.
         on_start: called with the run id once the run is in the store.
+        session_id: the sweep or doctor session the run belongs to.
 
     Raises:
         InputError: the configuration cannot work; nothing is written then.
@@ -185,6 +187,7 @@ def run_probe(
         pid=os.getpid(),
         started_ns=time.monotonic_ns(),
         ended_ns=None,
+        session_id=session_id,
     )
     store.create_run(
         run,

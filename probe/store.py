@@ -20,7 +20,7 @@ from typing import Any
 from pipelines import InputError
 from probe.samplers import GpuSample, HostSample, LaneCpuSample, Unavailable
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 ENV_VAR = "FEEDSCOPE_DB"
 
 _SCHEMA = """
@@ -39,7 +39,18 @@ CREATE TABLE IF NOT EXISTS runs (
     hostname TEXT NOT NULL,
     pid INTEGER,
     started_ns INTEGER NOT NULL,
-    ended_ns INTEGER
+    ended_ns INTEGER,
+    session_id TEXT
+);
+CREATE TABLE IF NOT EXISTS sessions (
+    session_id TEXT PRIMARY KEY,
+    kind TEXT NOT NULL,
+    created TEXT NOT NULL,
+    status TEXT NOT NULL,
+    reason TEXT,
+    hostname TEXT NOT NULL,
+    pid INTEGER,
+    document TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS lanes (
     run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
@@ -91,9 +102,9 @@ CREATE TABLE IF NOT EXISTS host_samples (
     iowait_pct REAL,
     steal_pct REAL,
     disk_read_mib_s REAL,
-    memory_used_mib REAL NOT NULL,
-    tree_cpu_pct REAL NOT NULL,
-    tree_processes INTEGER NOT NULL,
+    memory_used_mib REAL,
+    tree_cpu_pct REAL,
+    tree_processes INTEGER,
     PRIMARY KEY (run_id, hostname, t_ns)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS lane_cpu (
@@ -154,6 +165,21 @@ class RunRecord:
     pid: int | None  # the process that writes the run
     started_ns: int  # time.monotonic_ns() of the host that ran it
     ended_ns: int | None
+    session_id: str | None = None  # the sweep or doctor session it belongs to
+
+
+@dataclass(frozen=True)
+class SessionRecord:
+    """A sweep or a doctor session: several runs and what was concluded from them."""
+
+    session_id: str  # "sweep-..." or "doctor-..."
+    kind: str  # "sweep" or "doctor"
+    created: str
+    status: RunStatus
+    reason: str | None
+    hostname: str
+    pid: int | None
+    document: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -232,11 +258,12 @@ class Store:
     def create_run(self, run: RunRecord, lanes: Sequence[LaneRecord]) -> None:
         with self._transaction() as db:
             db.execute(
-                "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     run.run_id, run.kind, run.created, run.status.value, run.reason,
                     run.pipeline, run.consumer, run.label, json.dumps(run.config),
                     json.dumps(run.host), run.hostname, run.pid, run.started_ns, run.ended_ns,
+                    run.session_id,
                 ),
             )  # fmt: skip
             db.executemany(
@@ -270,6 +297,17 @@ class Store:
                 "UPDATE runs SET status = ?, reason = ?, ended_ns = ? WHERE run_id = ?",
                 (status.value, reason, ended_ns, run_id),
             )
+
+    def save_session(self, session: SessionRecord) -> None:
+        """Writes a session (again: its document grows as its runs end)."""
+        with self._transaction() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    session.session_id, session.kind, session.created, session.status.value,
+                    session.reason, session.hostname, session.pid, json.dumps(session.document),
+                ),
+            )  # fmt: skip
 
     def add_batches(self, run_id: str, events: Iterable[BatchEvent]) -> None:
         rows = [
@@ -374,6 +412,29 @@ class Store:
         names = ", ".join(row["run_id"] for row in rows[:5])
         raise InputError(f"{run_id!r} matches several runs ({names}): give more of the id")
 
+    def sessions(self) -> list[SessionRecord]:
+        """Every sweep and doctor session, newest first."""
+        rows = self._db.execute("SELECT * FROM sessions ORDER BY created DESC, session_id DESC")
+        return [_session(row) for row in rows]
+
+    def session(self, session_id: str) -> SessionRecord:
+        """A session by its id or a unique prefix of it.
+
+        Raises:
+            InputError: no session or several match.
+        """
+        rows = self._db.execute(
+            "SELECT * FROM sessions WHERE session_id = ? OR session_id LIKE ? ESCAPE '\\' LIMIT 6",
+            (session_id, _like_prefix(session_id)),
+        ).fetchall()
+        exact = [row for row in rows if row["session_id"] == session_id]
+        if exact or len(rows) == 1:
+            return _session((exact or rows)[0])
+        if not rows:
+            raise InputError(f"no session {session_id!r} in {self.path}")
+        names = ", ".join(row["session_id"] for row in rows[:5])
+        raise InputError(f"{session_id!r} matches several sessions ({names}): give more of it")
+
     def lanes(self, run_id: str) -> list[LaneRecord]:
         rows = self._db.execute("SELECT * FROM lanes WHERE run_id = ? ORDER BY lane", (run_id,))
         return [_lane(row) for row in rows]
@@ -460,16 +521,30 @@ class Store:
         self._db.execute("COMMIT")
 
     def _migrate(self) -> None:
-        self._db.executescript(_SCHEMA)
-        row = self._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-        if row is None:
-            self._db.execute(
-                "INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
-            )
-        elif int(row["value"]) > SCHEMA_VERSION:
+        """Creates the schema, or brings an older one up to date; an up-to-date store is only
+        read here (readers must not take the write lock from a running probe)."""
+        has_meta = self._db.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'"
+        ).fetchone()
+        row = None
+        if has_meta:
+            row = self._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        version = int(row["value"]) if row is not None else None
+        if version == SCHEMA_VERSION:
+            return
+        if version is not None and version > SCHEMA_VERSION:
             raise sqlite3.DatabaseError(
-                f"it was written by a newer feedscope (schema {row['value']}, "
+                f"it was written by a newer feedscope (schema {version}, "
                 f"this one reads {SCHEMA_VERSION})"
+            )
+        with self._transaction() as db:
+            if version == 1:  # 1 -> 2: runs belong to sweep and doctor sessions
+                db.execute("ALTER TABLE runs ADD COLUMN session_id TEXT")
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    db.execute(statement)
+            db.execute(
+                "INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
             )
 
 
@@ -479,7 +554,15 @@ def _run(row: sqlite3.Row) -> RunRecord:
         status=RunStatus(row["status"]), reason=row["reason"], pipeline=row["pipeline"],
         consumer=row["consumer"], label=row["label"], config=json.loads(row["config"]),
         host=json.loads(row["host"]), hostname=row["hostname"], pid=row["pid"],
-        started_ns=row["started_ns"], ended_ns=row["ended_ns"],
+        started_ns=row["started_ns"], ended_ns=row["ended_ns"], session_id=row["session_id"],
+    )  # fmt: skip
+
+
+def _session(row: sqlite3.Row) -> SessionRecord:
+    return SessionRecord(
+        session_id=row["session_id"], kind=row["kind"], created=row["created"],
+        status=RunStatus(row["status"]), reason=row["reason"], hostname=row["hostname"],
+        pid=row["pid"], document=json.loads(row["document"]),
     )  # fmt: skip
 
 

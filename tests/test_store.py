@@ -87,3 +87,42 @@ def test_runs_whose_process_is_gone_are_marked_interrupted(tmp_path: Path) -> No
         assert store.lanes("gone")[0].status is RunStatus.INTERRUPTED
         assert store.run("alive").status is RunStatus.RUNNING
         assert store.mark_abandoned_runs("elsewhere", lambda pid: False) == []
+
+
+def test_opening_an_up_to_date_store_takes_no_write_lock(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    with Store(path) as store:
+        store.create_run(record("r1"), [lane("r1")])
+    writer = sqlite3.connect(path, isolation_level=None)
+    writer.execute("BEGIN IMMEDIATE")  # a probe in the middle of writing
+    try:
+        with Store(path) as reader:  # would wait out the busy timeout, then fail, if it wrote
+            assert [r.run_id for r in reader.runs()] == ["r1"]
+    finally:
+        writer.execute("ROLLBACK")
+        writer.close()
+
+
+def test_a_schema_1_store_is_brought_up_to_date(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    old = sqlite3.connect(path)
+    old.executescript(
+        """
+        CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+        INSERT INTO meta VALUES ('schema_version', '1');
+        CREATE TABLE runs (run_id TEXT PRIMARY KEY, kind TEXT NOT NULL, created TEXT NOT NULL,
+            status TEXT NOT NULL, reason TEXT, pipeline TEXT NOT NULL, consumer TEXT NOT NULL,
+            label TEXT, config TEXT NOT NULL, host TEXT NOT NULL, hostname TEXT NOT NULL,
+            pid INTEGER, started_ns INTEGER NOT NULL, ended_ns INTEGER);
+        INSERT INTO runs VALUES ('old-run', 'probe', '2026-11-20T10:00:00Z', 'completed', NULL,
+            'torch', 'none', NULL, '{}', '{}', 'here', NULL, 0, 5);
+        """
+    )
+    old.close()
+    with Store(path) as store:
+        run = store.run("old-run")
+        assert run.session_id is None
+        assert run.status is RunStatus.COMPLETED
+        assert store.sessions() == []
+    version = sqlite3.connect(path).execute("SELECT value FROM meta").fetchone()[0]
+    assert int(version) == SCHEMA_VERSION

@@ -65,9 +65,9 @@ class HostSample:
     iowait_pct: float | None
     steal_pct: float | None  # time a hypervisor gave this machine's CPUs to others
     disk_read_mib_s: float | None
-    memory_used_mib: float
-    tree_cpu_pct: float  # the run's processes together, in % of one core
-    tree_processes: int
+    memory_used_mib: float | None
+    tree_cpu_pct: float | None  # the run's processes together, in % of one core
+    tree_processes: int | None
 
 
 @dataclass(frozen=True)

@@ -94,7 +94,7 @@ def _coordinator_cpu_pct(store: Store, run_id: str) -> float:
     for sample in lanes:
         by_time[sample.t_ns] = by_time.get(sample.t_ns, 0.0) + sample.cpu_pct
     # a mean: CPU time is counted in 10 ms ticks, so most short intervals read 0 or 10 ms
-    return statistics.fmean(h.tree_cpu_pct - by_time.get(h.t_ns, 0.0) for h in host)
+    return statistics.fmean((h.tree_cpu_pct or 0.0) - by_time.get(h.t_ns, 0.0) for h in host)
 
 
 if __name__ == "__main__":
