@@ -20,7 +20,7 @@ def bash_blocks() -> list[str]:
 
 def test_the_two_set_up_commands_come_first_and_ci_runs_the_test_command() -> None:
     main_job, tests = bash_blocks()[:2]
-    assert main_job.startswith("pip install") and main_job.endswith("probe run")
+    assert main_job.startswith("pip install") and main_job.endswith("probe doctor")
     assert tests.startswith("pip install") and tests.endswith("pytest")
     ci = (ROOT / ".ci" / "run").read_text()
     assert tests in ci.splitlines()
@@ -33,7 +33,7 @@ def test_every_documented_command_exists() -> None:
         for line in block.splitlines()
         if line.startswith("probe ")
     }
-    assert commands >= {"run", "bench", "data"}
+    assert commands >= {"doctor", "sweep", "run", "bench", "data"}
     for command in commands:
         result = subprocess.run(
             [sys.executable, "-m", "probe", command, "--help"],
