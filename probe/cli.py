@@ -193,6 +193,13 @@ def _lane_options(consumer: str, warmup: int) -> Callable[[F], F]:
     )  # fmt: skip
 
 
+def _backend_option(help_text: str | None = None) -> Callable[[F], F]:
+    return click.option(
+        "--pipeline", "backend", type=click.Choice([b.value for b in Backend]), default="torch",
+        show_default=True, help=help_text,
+    )  # fmt: skip
+
+
 _json_option = click.option(
     "--json", "as_json", is_flag=True, help="Print one JSON document on stdout."
 )
@@ -320,13 +327,7 @@ def bench(
 @_lane_options(consumer="none", warmup=5)
 @_json_option
 @_store_option
-@click.option(
-    "--pipeline",
-    "backend",
-    type=click.Choice([b.value for b in Backend]),
-    default="torch",
-    show_default=True,
-)
+@_backend_option()
 @click.option("--batches", default=None, type=int, help="Measured batches per lane.")
 @click.option(
     "--duration",
@@ -388,14 +389,7 @@ def run(
 @_lane_options(consumer="none", warmup=3)
 @_json_option
 @_store_option
-@click.option(
-    "--pipeline",
-    "backend",
-    type=click.Choice([b.value for b in Backend]),
-    default="torch",
-    show_default=True,
-    help="torch sweeps num_workers; dali sweeps num_threads.",
-)
+@_backend_option("torch sweeps num_workers; dali sweeps num_threads.")
 @click.option(
     "--values",
     default=None,

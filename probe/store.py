@@ -400,17 +400,7 @@ class Store:
             if row is None:
                 raise InputError(f"the store {self.path} holds no runs yet")
             return _run(row)
-        rows = self._db.execute(
-            "SELECT * FROM runs WHERE run_id = ? OR run_id LIKE ? ESCAPE '\\' LIMIT 6",
-            (run_id, _like_prefix(run_id)),
-        ).fetchall()
-        exact = [row for row in rows if row["run_id"] == run_id]
-        if exact or len(rows) == 1:
-            return _run((exact or rows)[0])
-        if not rows:
-            raise InputError(f"no run {run_id!r} in {self.path} (see `probe runs`)")
-        names = ", ".join(row["run_id"] for row in rows[:5])
-        raise InputError(f"{run_id!r} matches several runs ({names}): give more of the id")
+        return _run(self._find("runs", "run_id", run_id, "run"))
 
     def sessions(self) -> list[SessionRecord]:
         """Every sweep and doctor session, newest first."""
@@ -423,17 +413,7 @@ class Store:
         Raises:
             InputError: no session or several match.
         """
-        rows = self._db.execute(
-            "SELECT * FROM sessions WHERE session_id = ? OR session_id LIKE ? ESCAPE '\\' LIMIT 6",
-            (session_id, _like_prefix(session_id)),
-        ).fetchall()
-        exact = [row for row in rows if row["session_id"] == session_id]
-        if exact or len(rows) == 1:
-            return _session((exact or rows)[0])
-        if not rows:
-            raise InputError(f"no session {session_id!r} in {self.path}")
-        names = ", ".join(row["session_id"] for row in rows[:5])
-        raise InputError(f"{session_id!r} matches several sessions ({names}): give more of it")
+        return _session(self._find("sessions", "session_id", session_id, "session"))
 
     def lanes(self, run_id: str) -> list[LaneRecord]:
         rows = self._db.execute("SELECT * FROM lanes WHERE run_id = ? ORDER BY lane", (run_id,))
@@ -509,6 +489,24 @@ class Store:
         return {"gpu": gpu.fetchone()[0], "host": host.fetchone()[0]}
 
     # internals
+
+    def _find(self, table: str, key: str, wanted: str, what: str) -> sqlite3.Row:
+        """The row whose `key` is `wanted`, or the only one it starts.
+
+        Raises:
+            InputError: none or several match.
+        """
+        rows = self._db.execute(
+            f"SELECT * FROM {table} WHERE {key} = ? OR {key} LIKE ? ESCAPE '\\' LIMIT 6",
+            (wanted, _like_prefix(wanted)),
+        ).fetchall()
+        exact = [row for row in rows if row[key] == wanted]
+        if exact or len(rows) == 1:
+            return (exact or rows)[0]  # type: ignore[no-any-return]
+        if not rows:
+            raise InputError(f"no {what} {wanted!r} in {self.path} (see `probe runs`)")
+        names = ", ".join(row[key] for row in rows[:5])
+        raise InputError(f"{wanted!r} matches several {what}s ({names}): give more of the id")
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
