@@ -14,7 +14,6 @@ input-bound, and so does this.
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from enum import Enum
@@ -81,7 +80,7 @@ TITLES = {
     VerdictKind.DALI_DECODER_SATURATED: "starved: the hardware JPEG decoder is saturated",
     VerdictKind.DALI_THREADS_SATURATED: "starved: DALI's CPU threads are saturated",
     VerdictKind.SHARD_IMBALANCE: "shard imbalance: some GPUs wait for the slowest",
-    VerdictKind.SHARED_CORES: "several GPUs' loaders share too few cores",
+    VerdictKind.SHARED_CORES: "several lanes' loaders share too few cores",
     VerdictKind.PIPELINE_ONLY: "the pipeline alone: its capacity (no consumer to starve)",
     VerdictKind.UNKNOWN: "not enough measured to judge",
 }
@@ -181,6 +180,12 @@ class LaneFacts:
         return self.host_cpus / max(1, self.lanes_on_host)
 
     @property
+    def cores_per_lane_text(self) -> str:
+        """ "16 cores per GPU", or "1 core per lane" on the CPU."""
+        cores = self.cores_per_lane
+        return f"{cores:g} core{'' if cores == 1 else 's'} per {'GPU' if self.on_gpu else 'lane'}"
+
+    @property
     def loaders(self) -> int | None:
         """DataLoader workers or DALI threads."""
         return self.num_workers if self.backend == "torch" else self.num_threads
@@ -206,10 +211,10 @@ class LaneFacts:
 def lane_facts(store: Store, run: RunRecord, lane: LaneRecord) -> LaneFacts:
     """The facts of one lane, from the store (host figures cut to the lane's window)."""
     figures = lane.summary if lane.summary is not None else figures_from_store(store, run, lane)
-    events = [e for e in store.batches(run.run_id, lane.lane) if not e.warmup]
-    start = events[0].t_ns if events else 0
-    end = max((e.t_ns + int((e.wait_s + e.step_s) * 1e9) for e in events), default=0)
-    host = [h for h in store.host_samples(run.run_id) if start <= h.t_ns <= end]
+    stats = store.batch_stats(run.run_id, lane.lane)
+    host: dict[str, float | None] = {}
+    if stats["n"]:
+        host = store.host_means(run.run_id, stats["start_ns"], stats["end_ns"])
     spec = run.config.get("spec", {})
     loader, dali = spec.get("dataloader", {}), spec.get("dali", {})
     torch_lane = run.pipeline == "torch"
@@ -223,7 +228,7 @@ def lane_facts(store: Store, run: RunRecord, lane: LaneRecord) -> LaneFacts:
         images_per_s=figures["images_per_s"],
         data_wait_frac=figures["data_wait_frac"],
         step_ms_p50=figures.get("step_ms_p50"),
-        step_ms_mean=statistics.fmean(e.step_s * 1e3 for e in events) if events else None,
+        step_ms_mean=stats["step_mean_s"] * 1e3 if stats["n"] else None,
         num_workers=loader.get("num_workers") if torch_lane else None,
         pin_memory=loader.get("pin_memory") if torch_lane else None,
         output_dtype=loader.get("output_dtype") if torch_lane else None,
@@ -232,10 +237,10 @@ def lane_facts(store: Store, run: RunRecord, lane: LaneRecord) -> LaneFacts:
         on_gpu=lane.gpu_index is not None,
         host_cpus=int(run.host.get("cpus") or 1),
         lanes_on_host=sum(1 for x in store.lanes(run.run_id) if x.hostname == lane.hostname),
-        host_cpu_pct=_mean(h.cpu_pct for h in host),
-        iowait_pct=_mean(h.iowait_pct for h in host),
-        steal_pct=_mean(h.steal_pct for h in host),
-        disk_read_mib_s=_mean(h.disk_read_mib_s for h in host),
+        host_cpu_pct=host.get("cpu_pct"),
+        iowait_pct=host.get("iowait_pct"),
+        steal_pct=host.get("steal_pct"),
+        disk_read_mib_s=host.get("disk_read_mib_s"),
         lane_cpu_pct=figures.get("cpu_pct"),
         main_thread_cpu_pct=figures.get("main_thread_cpu_pct"),
         sm_active_pct=figures.get("sm_active_pct"),
@@ -277,7 +282,7 @@ def _cause(facts: LaneFacts) -> tuple[VerdictKind, list[Evidence]]:
     room = Evidence(
         "num_workers" if facts.backend == "torch" else "num_threads",
         float(facts.loaders or 0),
-        f"{facts.loaders} {facts.loaders_name} for {facts.cores_per_lane:g} cores per GPU, "
+        f"{facts.loaders} {facts.loaders_name} for {facts.cores_per_lane_text}, "
         "yet the CPU is not saturated",
     )
     return VerdictKind.STARVED_LOADER_LIMIT, [*_cpu_evidence(facts), room, *_stalls(facts)]
@@ -436,7 +441,7 @@ def _across_lanes(facts: Sequence[LaneFacts], verdicts: Sequence[Verdict]) -> li
             Evidence(
                 "lanes",
                 float(host.lanes_on_host),
-                f"{host.lanes_on_host} GPUs' loaders share {host.host_cpus} cores: "
+                f"{host.lanes_on_host} lanes' loaders share {host.host_cpus} cores: "
                 f"{host.cores_per_lane:g} each",
             ),
         )
@@ -672,7 +677,7 @@ def _cpu_evidence(facts: LaneFacts) -> list[Evidence]:
     if facts.lane_cpu_pct is not None:
         text = (
             f"the lane's processes use {facts.lane_cpu_pct / 100:.1f} cores ({facts.loaders} "
-            f"{facts.loaders_name}; {facts.cores_per_lane:g} cores per GPU)"
+            f"{facts.loaders_name}; {facts.cores_per_lane_text})"
         )
         out.append(Evidence("cpu_pct", facts.lane_cpu_pct, text))
     if facts.main_thread_cpu_pct is not None:

@@ -20,7 +20,7 @@ from typing import Any
 from pipelines import InputError
 from probe.samplers import GpuSample, HostSample, LaneCpuSample, Unavailable
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 ENV_VAR = "FEEDSCOPE_DB"
 
 _SCHEMA = """
@@ -51,6 +51,18 @@ CREATE TABLE IF NOT EXISTS sessions (
     hostname TEXT NOT NULL,
     pid INTEGER,
     document TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS launches (
+    launch_id TEXT PRIMARY KEY,
+    command TEXT NOT NULL,
+    argv TEXT NOT NULL,
+    devices TEXT NOT NULL,
+    created TEXT NOT NULL,
+    pid INTEGER,
+    status TEXT NOT NULL,
+    exit_code INTEGER,
+    log_path TEXT NOT NULL,
+    ended TEXT
 );
 CREATE TABLE IF NOT EXISTS lanes (
     run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
@@ -183,6 +195,22 @@ class SessionRecord:
 
 
 @dataclass(frozen=True)
+class LaunchRecord:
+    """A probe command started by the dashboard, in a process of its own."""
+
+    launch_id: str
+    command: str  # "run", "sweep" or "doctor"
+    argv: list[str]  # the probe command's arguments
+    devices: list[str]  # "cpu", or GPU indices as text
+    created: str
+    pid: int | None
+    status: RunStatus
+    exit_code: int | None
+    log_path: str
+    ended: str | None
+
+
+@dataclass(frozen=True)
 class LaneRecord:
     run_id: str
     lane: int
@@ -308,6 +336,30 @@ class Store:
                     session.reason, session.hostname, session.pid, json.dumps(session.document),
                 ),
             )  # fmt: skip
+
+    def save_launch(self, launch: LaunchRecord) -> None:
+        with self._transaction() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO launches VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    launch.launch_id, launch.command, json.dumps(launch.argv),
+                    json.dumps(launch.devices), launch.created, launch.pid, launch.status.value,
+                    launch.exit_code, launch.log_path, launch.ended,
+                ),
+            )  # fmt: skip
+
+    def launches(self) -> list[LaunchRecord]:
+        """Every launch, newest first."""
+        rows = self._db.execute("SELECT * FROM launches ORDER BY created DESC, launch_id DESC")
+        return [
+            LaunchRecord(
+                launch_id=row["launch_id"], command=row["command"], argv=json.loads(row["argv"]),
+                devices=json.loads(row["devices"]), created=row["created"], pid=row["pid"],
+                status=RunStatus(row["status"]), exit_code=row["exit_code"],
+                log_path=row["log_path"], ended=row["ended"],
+            )
+            for row in rows
+        ]  # fmt: skip
 
     def add_batches(self, run_id: str, events: Iterable[BatchEvent]) -> None:
         rows = [
@@ -447,19 +499,7 @@ class Store:
         ]
 
     def host_samples(self, run_id: str) -> list[HostSample]:
-        rows = self._db.execute(
-            "SELECT * FROM host_samples WHERE run_id = ? ORDER BY t_ns", (run_id,)
-        )
-        return [
-            HostSample(
-                t_ns=row["t_ns"], cpu_pct=row["cpu_pct"],
-                per_core_pct=tuple(json.loads(row["per_core"])), iowait_pct=row["iowait_pct"],
-                steal_pct=row["steal_pct"], disk_read_mib_s=row["disk_read_mib_s"],
-                memory_used_mib=row["memory_used_mib"], tree_cpu_pct=row["tree_cpu_pct"],
-                tree_processes=row["tree_processes"],
-            )
-            for row in rows
-        ]  # fmt: skip
+        return self.host_rows(run_id)
 
     def lane_cpu(self, run_id: str) -> list[LaneCpuSample]:
         rows = self._db.execute(
@@ -487,6 +527,114 @@ class Store:
         gpu = self._db.execute("SELECT COUNT(*) FROM gpu_samples WHERE run_id = ?", (run_id,))
         host = self._db.execute("SELECT COUNT(*) FROM host_samples WHERE run_id = ?", (run_id,))
         return {"gpu": gpu.fetchone()[0], "host": host.fetchone()[0]}
+
+    # aggregates: what long runs need without loading every row
+
+    def batch_stats(self, run_id: str, lane: int) -> dict[str, Any]:
+        """A lane's measured batches: count, first request, last end, mean step (s)."""
+        row = self._db.execute(
+            "SELECT COUNT(*) AS n, MIN(t_ns) AS start_ns, "
+            "MAX(t_ns + CAST((wait_s + step_s) * 1e9 AS INTEGER)) AS end_ns, "
+            "AVG(step_s) AS step_mean_s FROM batches "
+            "WHERE run_id = ? AND lane = ? AND warmup = 0",
+            (run_id, lane),
+        ).fetchone()
+        return dict(row)
+
+    def host_means(self, run_id: str, start_ns: int, end_ns: int) -> dict[str, float | None]:
+        """Mean host figures between two times: cpu_pct, iowait_pct, steal_pct, disk_read_mib_s."""
+        row = self._db.execute(
+            "SELECT AVG(cpu_pct) AS cpu_pct, AVG(iowait_pct) AS iowait_pct, "
+            "AVG(steal_pct) AS steal_pct, AVG(disk_read_mib_s) AS disk_read_mib_s "
+            "FROM host_samples WHERE run_id = ? AND t_ns BETWEEN ? AND ?",
+            (run_id, start_ns, end_ns),
+        ).fetchone()
+        return dict(row)
+
+    def time_span(self, run_id: str) -> tuple[int, int] | None:
+        """The first and last time anything of the run was recorded (monotonic ns)."""
+        row = self._db.execute(
+            "SELECT MIN(t), MAX(t) FROM ("
+            " SELECT MIN(t_ns) AS t FROM batches WHERE run_id = ?1"
+            " UNION ALL SELECT MAX(t_ns + CAST((wait_s + step_s) * 1e9 AS INTEGER))"
+            "  FROM batches WHERE run_id = ?1"
+            " UNION ALL SELECT MIN(t_ns) FROM gpu_samples WHERE run_id = ?1"
+            " UNION ALL SELECT MAX(t_ns) FROM gpu_samples WHERE run_id = ?1"
+            " UNION ALL SELECT MIN(t_ns) FROM host_samples WHERE run_id = ?1"
+            " UNION ALL SELECT MAX(t_ns) FROM host_samples WHERE run_id = ?1)",
+            (run_id,),
+        ).fetchone()
+        return None if row[0] is None else (row[0], row[1])
+
+    def gpu_buckets(
+        self, run_id: str, start_ns: int, bucket_ns: int, since_ns: int | None = None
+    ) -> list[sqlite3.Row]:
+        """GPU samples per GPU and time bucket: min, mean and max of the busy-ness figures, so
+        that downsampled lines keep their peaks and dips."""
+        columns = ", ".join(
+            f"MIN({c}) AS {c}_min, AVG({c}) AS {c}_mean, MAX({c}) AS {c}_max"
+            for c in ("sm_active_pct", "kernel_active_pct", "nvjpg_pct", "memory_used_mib")
+        )
+        return self._db.execute(
+            f"SELECT gpu_uuid, (t_ns - ?) / ? AS bucket, {columns} FROM gpu_samples "
+            "WHERE run_id = ? AND t_ns > ? GROUP BY gpu_uuid, bucket ORDER BY gpu_uuid, bucket",
+            (start_ns, bucket_ns, run_id, since_ns if since_ns is not None else -1),
+        ).fetchall()
+
+    def batch_buckets(
+        self, run_id: str, start_ns: int, bucket_ns: int, since_ns: int | None = None
+    ) -> list[sqlite3.Row]:
+        """Measured batch events per lane and time bucket: images, wait and step sums, mean and
+        worst latency."""
+        return self._db.execute(
+            "SELECT lane, (t_ns - ?) / ? AS bucket, COUNT(*) AS batches, SUM(size) AS images, "
+            "SUM(wait_s) AS wait_s, SUM(step_s) AS step_s, "
+            "AVG(wait_s + step_s) AS latency_mean_s, MAX(wait_s + step_s) AS latency_max_s "
+            "FROM batches WHERE run_id = ? AND warmup = 0 AND t_ns > ? "
+            "GROUP BY lane, bucket ORDER BY lane, bucket",
+            (start_ns, bucket_ns, run_id, since_ns if since_ns is not None else -1),
+        ).fetchall()
+
+    def latency_bins(self, run_id: str, bin_ms: float) -> list[sqlite3.Row]:
+        """Measured batch latencies (wait + step) counted per lane in bins of `bin_ms`."""
+        return self._db.execute(
+            "SELECT lane, CAST((wait_s + step_s) * 1000 / ? AS INTEGER) AS bin, COUNT(*) AS n "
+            "FROM batches WHERE run_id = ? AND warmup = 0 GROUP BY lane, bin ORDER BY lane, bin",
+            (bin_ms, run_id),
+        ).fetchall()
+
+    def lane_cpu_buckets(self, run_id: str, start_ns: int, bucket_ns: int) -> list[sqlite3.Row]:
+        return self._db.execute(
+            "SELECT lane, (t_ns - ?) / ? AS bucket, AVG(cpu_pct) AS cpu_pct, "
+            "AVG(main_thread_cpu_pct) AS main_thread_cpu_pct, MAX(processes) AS processes, "
+            "MAX(threads) AS threads FROM lane_cpu WHERE run_id = ? "
+            "GROUP BY lane, bucket ORDER BY lane, bucket",
+            (start_ns, bucket_ns, run_id),
+        ).fetchall()
+
+    def host_rows(self, run_id: str) -> list[HostSample]:
+        rows = self._db.execute(
+            "SELECT * FROM host_samples WHERE run_id = ? ORDER BY t_ns", (run_id,)
+        ).fetchall()
+        return [_host(row) for row in rows]
+
+    def host_rows_bucketed(self, run_id: str, start_ns: int, bucket_ns: int) -> list[HostSample]:
+        """The first host sample of each time bucket (per-core figures are long to decode)."""
+        rows = self._db.execute(
+            "SELECT * FROM host_samples WHERE run_id = ?1 AND t_ns IN ("
+            " SELECT MIN(t_ns) FROM host_samples WHERE run_id = ?1 GROUP BY (t_ns - ?2) / ?3)"
+            " ORDER BY t_ns",
+            (run_id, start_ns, bucket_ns),
+        ).fetchall()
+        return [_host(row) for row in rows]
+
+    def rows_since(self, table: str, run_id: str, since_ns: int) -> list[sqlite3.Row]:
+        """Rows of `batches`, `gpu_samples`, `lane_cpu` or `host_samples` newer than a time."""
+        if table not in {"batches", "gpu_samples", "lane_cpu", "host_samples"}:
+            raise ValueError(f"not a table of samples or events: {table}")
+        return self._db.execute(
+            f"SELECT * FROM {table} WHERE run_id = ? AND t_ns > ? ORDER BY t_ns", (run_id, since_ns)
+        ).fetchall()
 
     # internals
 
@@ -553,6 +701,15 @@ def _run(row: sqlite3.Row) -> RunRecord:
         consumer=row["consumer"], label=row["label"], config=json.loads(row["config"]),
         host=json.loads(row["host"]), hostname=row["hostname"], pid=row["pid"],
         started_ns=row["started_ns"], ended_ns=row["ended_ns"], session_id=row["session_id"],
+    )  # fmt: skip
+
+
+def _host(row: sqlite3.Row) -> HostSample:
+    return HostSample(
+        t_ns=row["t_ns"], cpu_pct=row["cpu_pct"], per_core_pct=tuple(json.loads(row["per_core"])),
+        iowait_pct=row["iowait_pct"], steal_pct=row["steal_pct"],
+        disk_read_mib_s=row["disk_read_mib_s"], memory_used_mib=row["memory_used_mib"],
+        tree_cpu_pct=row["tree_cpu_pct"], tree_processes=row["tree_processes"],
     )  # fmt: skip
 
 

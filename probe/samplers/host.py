@@ -217,4 +217,8 @@ def host_facts() -> dict[str, Any]:
 
 
 def pid_alive(pid: int) -> bool:
-    return psutil.pid_exists(pid)
+    """Whether process `pid` is still running (a zombie, which waits to be reaped, is not)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False

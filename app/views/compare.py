@@ -1,0 +1,167 @@
+"""Compare: runs side by side, or a sweep or doctor session with its curve and knee."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import streamlit as st
+
+from app import common
+from probe import figures
+
+
+def compare_runs(db: str, rows: list[dict[str, Any]]) -> None:
+    by_id = {row["run_id"]: row for row in rows}
+    chosen = st.multiselect(
+        "runs (two or more)",
+        list(by_id),
+        default=list(by_id)[:2],
+        key="compare-runs",
+        format_func=lambda run_id: (
+            f"{run_id}  {by_id[run_id]['pipeline']}, "
+            f"{by_id[run_id]['consumer']}"
+            + (f" [{by_id[run_id]['label']}]" if by_id[run_id]["label"] else "")
+        ),
+    )
+    if len(chosen) < 2:
+        st.info("Pick two or more runs.")
+        return
+    bars = []
+    for run_id in chosen:
+        doc = common.document(db, run_id, common.version_of(by_id[run_id]))
+        lanes = doc["lanes"]
+        busy = [x["sm_active_pct"] for x in lanes if x["sm_active_pct"] is not None]
+        sources = {x["sm_active_source"] for x in lanes} - {None}
+        waits = [x["data_wait_frac"] for x in lanes if x["data_wait_frac"] is not None]
+        cpu = [x.get("cpu_pct") for x in lanes if x.get("cpu_pct") is not None]
+        bars.append(
+            {
+                "name": doc["label"] or f"{doc['pipeline']} {run_id[-4:]}",
+                "run": run_id,
+                "pipeline": doc["pipeline"],
+                "consumer": doc["consumer"],
+                "images_per_s": doc["images_per_s"],
+                "data_wait_frac": max(waits) if waits else None,
+                "sm_active_pct": sum(busy) / len(busy) if busy else None,
+                "sm_active_source": sources.pop() if len(sources) == 1 else None,
+                "cpu_cores": sum(cpu) / 100 if cpu else None,
+            }
+        )
+    st.plotly_chart(figures.compare_bars(bars), width="stretch", key="compare-bars")
+    st.dataframe(
+        [
+            {
+                "run": b["run"],
+                "name": b["name"],
+                "pipeline": b["pipeline"],
+                "consumer": b["consumer"],
+                "images/s": round(b["images_per_s"]),
+                "data-wait": common.pct(b["data_wait_frac"]),
+                "GPU busy %": None if b["sm_active_pct"] is None else round(b["sm_active_pct"]),
+                "busy metric": {"gpm": "SM activity (GPM)", "nvml": "kernel-active (NVML)"}.get(
+                    b["sm_active_source"] or "", "-"
+                ),
+                "CPU cores": None if b["cpu_cores"] is None else round(b["cpu_cores"], 1),
+            }
+            for b in bars
+        ],
+        hide_index=True,
+        width="stretch",
+        key="compare-table",
+    )
+    pipelines = {b["pipeline"] for b in bars}
+    if pipelines == {"torch", "dali"}:
+        best = {p: max(b["images_per_s"] for b in bars if b["pipeline"] == p) for p in pipelines}
+        st.markdown(
+            f"**DataLoader against DALI**: the best DataLoader run {best['torch']:,.0f} images/s, "
+            f"the best DALI run {best['dali']:,.0f} ({best['dali'] / best['torch'] - 1:+.0%})."
+        )
+
+
+def compare_session() -> None:
+    with common.store() as store:
+        sessions = store.sessions()
+    if not sessions:
+        st.info(
+            "No sweep or doctor session yet: `probe sweep`, `probe doctor`, or the Launch page."
+        )
+        return
+    chosen = st.selectbox(
+        "session",
+        [s.session_id for s in sessions],
+        key="compare-session",
+        format_func=lambda sid: next(
+            f"{s.session_id} ({s.status.value}, consumer {s.document.get('consumer')})"
+            for s in sessions
+            if s.session_id == sid
+        ),
+    )
+    doc = next(s.document for s in sessions if s.session_id == chosen)
+    doctor = doc["schema"].startswith("feedscope.doctor")
+    points = doc["sweep"] if doctor else doc["points"]
+    knob = "num_workers" if doctor else doc.get("knob", "num_workers")
+    dali = doc.get("dali") or {}
+    if points:
+        st.plotly_chart(
+            figures.sweep_curve(
+                points, knob, (doc.get("knee") or {}).get(knob), doc.get("oversubscribed", []),
+                dali.get("images_per_s"), dali.get("setting", "DALI"),
+            ),
+            width="stretch",
+            key="compare-sweep",
+        )  # fmt: skip
+        st.dataframe(
+            [
+                {
+                    knob: p[knob],
+                    "images/s": round(p["images_per_s"]),
+                    "data-wait": common.pct(p["data_wait_frac"]),
+                    "CPU cores": None if p["cpu_pct"] is None else round(p["cpu_pct"] / 100, 1),
+                    "run": p["run_id"],
+                }
+                for p in points
+            ],
+            hide_index=True,
+            width="stretch",
+            key="compare-points",
+        )
+    for item in doc.get("skipped", []):
+        st.caption(f"{knob}={item['setting']} not run: {item['reason']}")
+    if doctor:
+        verdict = doc["verdict"]
+        st.markdown(f"**Verdict**: {verdict['title']} ({verdict['severity']})")
+        st.markdown("\n".join(f"- {item['text']}" for item in verdict["evidence"]))
+        if dali.get("images_per_s") is not None:
+            st.markdown(
+                f"**DataLoader against DALI**: best DataLoader {doc['knee']['images_per_s']:,.0f} "
+                f"images/s at the knee; {dali['setting']} {dali['images_per_s']:,.0f} images/s"
+                + (f". {dali['advice']}" if dali.get("advice") else "")
+            )
+        for rank, item in enumerate(doc["recommendations"], 1):
+            verified = item.get("measured_images_per_s")
+            st.markdown(
+                f"{rank}. `{item['setting']}`: {item['action']}; predicted "
+                f"{(item['predicted_images_per_s'] or 0):,.0f} images/s"
+                + (f", verified {verified:,.0f}" if verified is not None else "")
+            )
+
+
+@common.page
+def main() -> None:
+    st.title("Compare")
+    mode = str(
+        st.radio(
+            "compare", ["runs", "a sweep or doctor session"], horizontal=True, key="compare-mode"
+        )
+    )
+    if mode == "runs":
+        rows = common.runs_listing(common.db_path())
+        if len(rows) < 2:
+            st.info("Two or more runs are needed to compare.")
+            return
+        compare_runs(common.db_path(), rows)
+    else:
+        compare_session()
+
+
+main()

@@ -1,0 +1,319 @@
+"""Plotly figures of runs, sweeps and comparisons: data in, figure out (nothing is shown here).
+
+The dashboard and the exported reports draw with these. Every busy-ness axis says which metric
+it is: SM activity (GPM), or kernel-active (NVML utilization.gpu), which overstates busy-ness.
+Downsampled series are drawn as a band from each bucket's minimum to its maximum, with the mean
+as a line: peaks and dips stay visible however long the run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from probe.queries import Band, CpuStrip, RunSeries
+
+WAIT_COLOR = "#d62728"
+BUSY_COLOR = "#1f77b4"
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22")
+TIME_AXIS = "seconds since the run started"
+
+
+def lane_timelines(series: RunSeries) -> go.Figure:
+    """Per lane, on one time axis: data-wait (the share of each interval spent waiting for
+    data) against the lane's GPU busy-ness, both in %. Starvation shows as red up where blue
+    is down."""
+    gpus = {gpu.uuid: gpu for gpu in series.gpus}
+    rows = max(1, len(series.lanes))
+    figure = make_subplots(
+        rows=rows,
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=min(0.08, 0.3 / rows),
+        subplot_titles=[lane.label for lane in series.lanes] or [""],
+    )
+    metrics = set()
+    for row, lane in enumerate(series.lanes, 1):
+        wait = [None if w is None else 100 * w for w in lane.data_wait_frac]
+        figure.add_trace(
+            go.Scatter(
+                x=_values(lane.t_s),
+                y=_values(wait),
+                name="data-wait %",
+                line={"color": WAIT_COLOR},
+                fill="tozeroy",
+                legendgroup="wait",
+                showlegend=row == 1,
+            ),
+            row=row,
+            col=1,
+        )
+        gpu = gpus.get(lane.gpu_uuid or "")
+        if gpu is not None:
+            metrics.add(gpu.busy_metric)
+            for trace in _band(gpu.busy, f"{gpu.busy_metric} %", BUSY_COLOR, "busy", row == 1):
+                figure.add_trace(trace, row=row, col=1)
+        figure.update_yaxes(range=[0, 105], title_text="%", row=row, col=1)
+    figure.update_xaxes(title_text=TIME_AXIS, row=rows, col=1)
+    against = " / ".join(sorted(metrics)) if metrics else "GPU busy-ness (not measured on the CPU)"
+    title = f"Data-wait against {against}, per lane"
+    return _layout(figure, title, height=200 * rows + 100)
+
+
+def throughput_timelines(series: RunSeries) -> go.Figure:
+    """Images/s and batch latency (mean, and the worst per interval) of every lane."""
+    figure = make_subplots(
+        rows=2,
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.1,
+        subplot_titles=["images/s", "batch latency ms (mean; worst dotted)"],
+    )
+    for index, lane in enumerate(series.lanes):
+        color = PALETTE[index % len(PALETTE)]
+        figure.add_trace(
+            go.Scatter(
+                x=_values(lane.t_s),
+                y=_values(lane.images_per_s),
+                name=lane.label,
+                line={"color": color},
+                legendgroup=lane.label,
+            ),
+            row=1,
+            col=1,
+        )
+        figure.add_trace(
+            go.Scatter(
+                x=_values(lane.t_s),
+                y=_values(lane.latency_mean_ms),
+                name=lane.label,
+                line={"color": color},
+                legendgroup=lane.label,
+                showlegend=False,
+            ),
+            row=2,
+            col=1,
+        )
+        figure.add_trace(
+            go.Scatter(
+                x=_values(lane.t_s),
+                y=_values(lane.latency_max_ms),
+                name=lane.label,
+                line={"color": color, "dash": "dot"},
+                legendgroup=lane.label,
+                showlegend=False,
+            ),
+            row=2,
+            col=1,
+        )
+    figure.update_xaxes(title_text=TIME_AXIS, row=2, col=1)
+    return _layout(figure, "Throughput and batch latency", height=480)
+
+
+def gpu_timelines(series: RunSeries) -> go.Figure:
+    """Per GPU: busy-ness (with its metric's name), the hardware JPEG decoder, memory."""
+    metrics = sorted({gpu.busy_metric for gpu in series.gpus}) or ["SM activity (GPM)"]
+    figure = make_subplots(
+        rows=3,
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.08,
+        subplot_titles=[
+            " / ".join(metrics) + " %",
+            "hardware JPEG decoder % (NVML)",
+            "memory used MiB",
+        ],
+    )
+    for index, gpu in enumerate(series.gpus):
+        color = PALETTE[index % len(PALETTE)]
+        for row, band in ((1, gpu.busy), (2, gpu.nvjpg), (3, gpu.memory_mib)):
+            for trace in _band(band, gpu.label, color, gpu.uuid, row == 1):
+                figure.add_trace(trace, row=row, col=1)
+    figure.update_xaxes(title_text=TIME_AXIS, row=3, col=1)
+    return _layout(figure, "GPUs", height=600)
+
+
+def cpu_heat_strip(strip: CpuStrip) -> go.Figure:
+    """CPU busy share of every core over time."""
+    figure = go.Figure(
+        go.Heatmap(
+            x=_values(strip.t_s),
+            y=[f"cpu {c}" for c in range(len(strip.per_core))],
+            z=np.array(strip.per_core, dtype=float),
+            zmin=0,
+            zmax=100,
+            colorscale="YlOrRd",
+            colorbar={"title": "busy %"},
+            hovertemplate="%{y}, %{x:.1f} s: %{z:.0f}% busy<extra></extra>",
+        )
+    )
+    figure.update_xaxes(title_text=TIME_AXIS)
+    height = min(900, 220 + 14 * len(strip.per_core))
+    return _layout(figure, "CPU per core (busy %; iowait and steal excluded)", height=height)
+
+
+def latency_histogram(histogram: dict[int, tuple[list[float], list[int]]]) -> go.Figure:
+    """Measured batch latencies (wait plus step) per lane."""
+    figure = go.Figure()
+    for index, (lane, (starts, counts)) in enumerate(sorted(histogram.items())):
+        figure.add_trace(
+            go.Bar(
+                x=starts,
+                y=counts,
+                name=f"lane {lane}",
+                opacity=0.7,
+                marker_color=PALETTE[index % len(PALETTE)],
+            )
+        )
+    figure.update_layout(barmode="overlay")
+    figure.update_xaxes(title_text="batch latency ms (wait + step)")
+    figure.update_yaxes(title_text="batches")
+    return _layout(figure, "Batch latency", height=320)
+
+
+def sweep_curve(
+    points: Sequence[dict[str, Any]],
+    knob: str,
+    knee: int | None = None,
+    oversubscribed: Sequence[int] = (),
+    dali_images_per_s: float | None = None,
+    dali_label: str = "DALI",
+) -> go.Figure:
+    """Images/s over a sweep's settings, its knee marked; DALI's measurement as a line."""
+    settings = [p[knob] for p in points]
+    rates = [p["images_per_s"] for p in points]
+    figure = go.Figure(
+        go.Scatter(
+            x=settings, y=rates, mode="lines+markers", name="images/s", line={"color": BUSY_COLOR}
+        )
+    )
+    if knee is not None and knee in settings:
+        rate = rates[settings.index(knee)]
+        figure.add_trace(
+            go.Scatter(
+                x=[knee],
+                y=[rate],
+                mode="markers+text",
+                name="knee",
+                text=[f"knee: {knob}={knee}"],
+                textposition="top center",
+                marker={"size": 14, "symbol": "star", "color": "#2ca02c"},
+            )
+        )
+    over = [(s, r) for s, r in zip(settings, rates, strict=True) if s in set(oversubscribed)]
+    if over:
+        figure.add_trace(
+            go.Scatter(
+                x=[s for s, _ in over],
+                y=[r for _, r in over],
+                mode="markers",
+                name="oversubscribed",
+                marker={"size": 12, "symbol": "x", "color": WAIT_COLOR},
+            )
+        )
+    if dali_images_per_s is not None:
+        figure.add_hline(
+            y=dali_images_per_s,
+            line_dash="dash",
+            line_color="#9467bd",
+            annotation_text=f"{dali_label}: {dali_images_per_s:,.0f} images/s",
+        )
+    figure.update_xaxes(title_text=knob, type="log" if min(settings or [0]) > 0 else "linear")
+    figure.update_yaxes(title_text="images/s", rangemode="tozero")
+    return _layout(figure, f"Sweep of {knob}", height=380)
+
+
+def compare_bars(rows: Sequence[dict[str, Any]]) -> go.Figure:
+    """Runs side by side: images/s, data-wait, GPU busy-ness and CPU. Each row needs `name`,
+    `images_per_s`, `data_wait_frac`, `sm_active_pct`, `sm_active_source`, `cpu_cores`."""
+    names = [row["name"] for row in rows]
+    sources = {row.get("sm_active_source") for row in rows} - {None}
+    busy = "SM activity % (GPM)" if sources == {"gpm"} else "GPU busy % (GPM or NVML kernel-active)"
+    figure = make_subplots(
+        rows=2, cols=2, subplot_titles=["images/s", "data-wait %", busy, "CPU cores used"]
+    )
+    panels = [
+        (1, 1, [row["images_per_s"] for row in rows]),
+        (
+            1,
+            2,
+            [
+                None if row["data_wait_frac"] is None else 100 * row["data_wait_frac"]
+                for row in rows
+            ],
+        ),
+        (2, 1, [row.get("sm_active_pct") for row in rows]),
+        (2, 2, [row.get("cpu_cores") for row in rows]),
+    ]
+    for row, col, values in panels:
+        figure.add_trace(
+            go.Bar(x=names, y=values, marker_color=PALETTE[: len(names)], showlegend=False),
+            row=row,
+            col=col,
+        )
+    return _layout(figure, "Runs compared", height=560)
+
+
+def _band(band: Band, name: str, color: str, group: str, legend: bool) -> list[go.Scatter]:
+    """A downsampled series: the min-max envelope, shaded, and the mean."""
+    return [
+        go.Scatter(
+            x=_values(band.t_s),
+            y=_values(band.high),
+            line={"width": 0},
+            hoverinfo="skip",
+            showlegend=False,
+            legendgroup=group,
+        ),
+        go.Scatter(
+            x=_values(band.t_s),
+            y=_values(band.low),
+            line={"width": 0},
+            fill="tonexty",
+            fillcolor=_translucent(color),
+            hoverinfo="skip",
+            showlegend=False,
+            legendgroup=group,
+        ),
+        go.Scatter(
+            x=_values(band.t_s),
+            y=_values(band.mean),
+            name=name,
+            line={"color": color},
+            legendgroup=group,
+            showlegend=legend,
+        ),
+    ]
+
+
+def _values(values: Sequence[float | None]) -> np.ndarray:
+    """A float array, None as NaN: plotly draws NaN as a gap, and checks an array at once
+    where it checks a list item by item (six times slower for a 600-point line)."""
+    return np.array([np.nan if v is None else v for v in values], dtype=float)
+
+
+def _translucent(color: str) -> str:
+    red, green, blue = (int(color[i : i + 2], 16) for i in (1, 3, 5))
+    return f"rgba({red},{green},{blue},0.2)"
+
+
+def _layout(figure: go.Figure, title: str, height: int) -> go.Figure:
+    # White with light grid lines, set directly: applying a named template re-validates all of
+    # it, a fifth of a second for every figure.
+    figure.update_layout(
+        title={"text": title, "x": 0},
+        height=height,
+        margin={"l": 60, "r": 60, "t": 70, "b": 50},
+        legend={"orientation": "h", "y": -0.12},
+        hovermode="x unified",
+        plot_bgcolor="white",
+        paper_bgcolor="white",
+        font={"color": "#2a3f5f"},
+    )
+    figure.update_xaxes(gridcolor="#ebf0f8", linecolor="#ebf0f8", zeroline=False)
+    figure.update_yaxes(gridcolor="#ebf0f8", linecolor="#ebf0f8", zeroline=False)
+    return figure

@@ -1,0 +1,163 @@
+"""Benchmark: how long a long run takes to open on the dashboard's Run page.
+
+Writes one run into a fresh store: 8 GPUs sampled at 10 Hz for an hour (288,000 GPU rows), the
+host at 10 Hz with 128 cores, the lanes' CPU, and 10 batches a second per lane; then opens the
+Run page on it (Streamlit's AppTest, the page as a browser session would run it) and prints a
+table of how long each part took. The samples are synthetic (smooth load with dips and bursts):
+the store cannot tell, and opening a run reads them as it reads any other.
+
+    python tests/benchmarks/dashboard_scale.py [--hours 1] [--gpus 8] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from probe.diagnose import diagnose_run
+from probe.figures import cpu_heat_strip, gpu_timelines, lane_timelines, throughput_timelines
+from probe.queries import latency_histogram, run_series
+from probe.samplers import GpuSample, HostSample, LaneCpuSample
+from probe.store import BatchEvent, LaneRecord, RunRecord, RunStatus, Store
+from probe.summary import figures_from_store, run_document
+
+APP = Path(__file__).resolve().parents[2] / "app" / "streamlit_app.py"
+
+
+def write_run(store: Store, hours: float, gpus: int, hz: float = 10.0) -> str:
+    """One long run, written in chunks as a probe would."""
+    rng = random.Random(0)
+    run_id = "scale-run"
+    uuids = [f"GPU-scale-{i}" for i in range(gpus)]
+    host = {
+        "hostname": "scale",
+        "cpus": 128,
+        "gpus": [{"index": i, "uuid": u, "name": "NVIDIA H200"} for i, u in enumerate(uuids)],
+    }
+    spec = {"batch_size": 256, "dataloader": {"num_workers": 16}, "dali": {}}
+    run = RunRecord(
+        run_id, "probe", "2026-11-21T00:00:00Z", RunStatus.RUNNING, None, "torch",
+        "model:resnet50", "scale benchmark", {"pipeline": "torch", "spec": spec}, host, "scale",
+        None, 0, None,
+    )  # fmt: skip
+    lanes = [
+        LaneRecord(run_id, i, i, u, i, gpus, "scale", None, RunStatus.RUNNING, None, None)
+        for i, u in enumerate(uuids)
+    ]
+    store.create_run(run, lanes)
+    ticks = int(hours * 3600 * hz)
+    step_ns = int(1e9 / hz)
+    chunk = 3000
+    for first in range(0, ticks, chunk):
+        gpu_rows, host_rows, cpu_rows, events = [], [], [], []
+        for tick in range(first, min(ticks, first + chunk)):
+            t_ns = tick * step_ns
+            phase = tick / (hz * 60)
+            for lane, uuid in enumerate(uuids):
+                dip = 0.3 if rng.random() < 0.002 else 1.0  # rare stalls, kept by the bands
+                busy = max(0.0, min(100.0, dip * (55 + 25 * math.sin(phase + lane))))
+                gpu_rows.append(GpuSample(t_ns, uuid, busy + 10, busy, busy / 2, 0.0, None,
+                                          70_000.0, None, None, 400.0, 0))  # fmt: skip
+                cpu_rows.append(
+                    LaneCpuSample(t_ns, lane, 900 + 100 * rng.random(), 120.0, 40.0, 17, 40)
+                )
+                if tick % 1 == 0:  # 10 batches a second per lane
+                    wait = max(0.0, 0.03 + 0.02 * math.sin(phase * 3 + lane) + rng.gauss(0, 0.01))
+                    events.append(BatchEvent(lane, tick, t_ns, wait, 0.07, 256, tick < 20))
+            cores = tuple(
+                min(100.0, max(0.0, 60 + 30 * math.sin(phase + c / 9))) for c in range(128)
+            )
+            host_rows.append(HostSample(t_ns, sum(cores) / 128, cores, 0.5, 0.0, 12.0, 500_000.0,
+                                        7000.0, 140))  # fmt: skip
+        store.add_gpu_samples(run_id, gpu_rows)
+        store.add_host_samples(run_id, "scale", host_rows)
+        store.add_lane_cpu(run_id, cpu_rows)
+        store.add_batches(run_id, events)
+    for lane in store.lanes(run_id):
+        store.update_lane(run_id, lane.lane, status=RunStatus.COMPLETED,
+                          summary=figures_from_store(store, run, lane))  # fmt: skip
+    store.finish_run(run_id, RunStatus.COMPLETED, None, ticks * step_ns)
+    return run_id
+
+
+def draw(series: object) -> list[object]:
+    """The Run page's figures."""
+    return [
+        lane_timelines(series),
+        throughput_timelines(series),
+        gpu_timelines(series),
+        cpu_heat_strip(series.cpu),  # type: ignore[attr-defined]
+    ]
+
+
+def timed(work: object) -> tuple[float, object]:
+    started = time.perf_counter()
+    result = work()  # type: ignore[operator]
+    return time.perf_counter() - started, result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hours", type=float, default=1.0)
+    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    import streamlit as st
+    from streamlit.testing.v1 import AppTest
+
+    with tempfile.TemporaryDirectory() as scratch:
+        db = Path(scratch) / "scale.db"
+        with Store(db) as store:
+            seconds, run_id = timed(lambda: write_run(store, args.hours, args.gpus))
+            counts = store.sample_counts(str(run_id))
+            events = len(store.batches(str(run_id)))
+        print(f"wrote {counts['gpu']:,} GPU rows, {counts['host']:,} host rows and {events:,} "
+              f"batch events in {seconds:.0f} s ({db.stat().st_size / 2**20:.0f} MiB)")  # fmt: skip
+        rows: dict[str, list[float]] = {}
+        os.environ["FEEDSCOPE_DB"] = str(db)
+        for _ in range(args.repeat):
+            with Store(db) as store:
+                parts = {
+                    "run document": lambda: run_document(store, str(run_id)),
+                    "diagnosis": lambda: diagnose_run(store, str(run_id)),
+                    "series (SQL, downsampled)": lambda: run_series(store, str(run_id)),
+                    "latency histogram": lambda: latency_histogram(store, str(run_id)),
+                }
+                series = None
+                for name, work in parts.items():
+                    took, result = timed(work)
+                    rows.setdefault(name, []).append(took)
+                    if name.startswith("series"):
+                        series = result
+                took, _ = timed(lambda drawn=series: draw(drawn))
+                rows.setdefault("figures (plotly)", []).append(took)
+            st.cache_data.clear()  # every open measured cold, as a first visit is
+            page = AppTest.from_file(str(APP), default_timeout=60)
+            page.query_params["run"] = str(run_id)
+            page.run()  # the Runs page: a browser's first request
+            page.switch_page("views/run.py")
+            took, _ = timed(page.run)
+            assert not page.exception, [e.value for e in page.exception]
+            rows.setdefault("Run page opened cold, all of it (AppTest)", []).append(took)
+    table = Table(title=f"Opening a run of {args.hours:g} h on {args.gpus} GPUs at 10 Hz "
+                  f"({counts['gpu']:,} GPU rows)")  # fmt: skip
+    for column in ("part", "median s", "each run"):
+        table.add_column(column, justify="left" if column == "part" else "right")
+    for name, values in rows.items():
+        table.add_row(
+            name, f"{statistics.median(values):.2f}", " ".join(f"{v:.2f}" for v in values)
+        )
+    Console(width=120).print(table)
+
+
+if __name__ == "__main__":
+    main()

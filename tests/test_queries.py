@@ -1,0 +1,45 @@
+"""The dashboard's and reports' series: downsampled in SQL without losing peaks and dips."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from probe.queries import run_series
+from probe.samplers import GpuSample
+from probe.store import BatchEvent, LaneRecord, RunRecord, RunStatus, Store
+
+
+def test_an_hour_downsampled_keeps_a_single_sample_dip_and_spike(tmp_path: Path) -> None:
+    hz, seconds = 10, 3600
+    dip_at, spike_at = 1234 * hz, 2345 * hz  # one sample each, in 36,000
+    with Store(tmp_path / "s.db") as store:
+        run = RunRecord(
+            "long", "probe", "2026-11-21T00:00:00Z", RunStatus.RUNNING, None, "torch", "none",
+            None, {}, {"gpus": [{"index": 0, "uuid": "GPU-a", "name": "GPU"}]}, "h", None, 0,
+            None,
+        )  # fmt: skip
+        store.create_run(run, [LaneRecord("long", 0, 0, "GPU-a", 0, 1, "h", None,
+                                          RunStatus.RUNNING, None, None)])  # fmt: skip
+        samples = []
+        for tick in range(seconds * hz):
+            busy = 0.0 if tick == dip_at else 100.0 if tick == spike_at else 50.0
+            samples.append(GpuSample(tick * 100_000_000, "GPU-a", busy, busy, None, None, None,
+                                     None, None, None, None, None))  # fmt: skip
+        store.add_gpu_samples("long", samples)
+        store.add_batches("long", [BatchEvent(0, i, i * 1_000_000_000, 0.1, 0.9, 8, False)
+                                   for i in range(seconds)])  # fmt: skip
+        store.finish_run("long", RunStatus.COMPLETED, None, seconds * 1_000_000_000)
+        series = run_series(store, "long", points=600)
+    assert series is not None
+    (gpu,) = series.gpus
+    assert gpu.busy_metric == "SM activity (GPM)"
+    assert len(gpu.busy.t_s) <= 601  # 36,000 samples in about 600 buckets
+    low = [value for value in gpu.busy.low if value is not None]
+    high = [value for value in gpu.busy.high if value is not None]
+    assert min(low) == 0.0  # the dip survives ...
+    assert max(high) == 100.0  # ... and so does the spike
+    dip_bucket = next(i for i, value in enumerate(gpu.busy.low) if value == 0.0)
+    assert abs(gpu.busy.t_s[dip_bucket] - dip_at / hz) < seconds / 600 + 1
+    (lane,) = series.lanes
+    assert all(abs(w - 0.1) < 1e-9 for w in lane.data_wait_frac if w is not None)
+    assert all(abs(rate - 8.0) < 1e-6 for rate in lane.images_per_s)  # 8 images a second
