@@ -91,7 +91,7 @@ def run_series(store: Store, run_id: str, points: int = POINTS) -> RunSeries | N
     if span is None:
         return None
     start, end = span
-    bucket_ns = max(MIN_SAMPLE_BUCKET_NS, (end - start) // points + 1)
+    bucket_ns = max(MIN_SAMPLE_BUCKET_NS, -(-(end - start) // points))  # ceiling division
     batch_bucket_ns = max(MIN_BATCH_BUCKET_NS, bucket_ns)
     batch_bucket_s = batch_bucket_ns / 1e9
     lanes = {
