@@ -35,13 +35,14 @@ def store() -> Iterator[Store]:
         yield connection
 
 
-def page(body: Callable[[], None]) -> Callable[[], None]:
-    """Runs a page so that no traceback reaches it: user errors and failures become messages."""
+def page(body: Callable[..., None]) -> Callable[..., None]:
+    """Runs a page (or a fragment of one) so that no traceback reaches it: user errors and
+    failures become messages."""
 
     @functools.wraps(body)
-    def guarded() -> None:
+    def guarded(*args: Any) -> None:
         try:
-            body()
+            body(*args)
         except InputError as error:
             st.error(str(error))
         except Exception as error:

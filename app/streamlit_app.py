@@ -11,7 +11,7 @@ import streamlit as st
 st.set_page_config(page_title="feedscope", layout="wide")
 
 pages = [
-    st.Page("views/runs.py", title="Runs", url_path="runs", default=True),
+    st.Page("views/runs.py", title="Runs", default=True),  # at the root address
     st.Page("views/live.py", title="Live", url_path="live"),
     st.Page("views/run.py", title="Run", url_path="run"),
     st.Page("views/compare.py", title="Compare", url_path="compare"),

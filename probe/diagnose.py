@@ -191,8 +191,10 @@ class LaneFacts:
         return self.num_workers if self.backend == "torch" else self.num_threads
 
     @property
-    def loaders_name(self) -> str:
-        return "workers" if self.backend == "torch" else "DALI threads"
+    def loaders_text(self) -> str:
+        """ "8 workers", "1 worker", "4 DALI threads"."""
+        name = "worker" if self.backend == "torch" else "DALI thread"
+        return f"{self.loaders} {name}{'' if self.loaders == 1 else 's'}"
 
     @property
     def consumer_images_per_s(self) -> float | None:
@@ -282,8 +284,7 @@ def _cause(facts: LaneFacts) -> tuple[VerdictKind, list[Evidence]]:
     room = Evidence(
         "num_workers" if facts.backend == "torch" else "num_threads",
         float(facts.loaders or 0),
-        f"{facts.loaders} {facts.loaders_name} for {facts.cores_per_lane_text}, "
-        "yet the CPU is not saturated",
+        f"{facts.loaders_text} for {facts.cores_per_lane_text}, yet the CPU is not saturated",
     )
     return VerdictKind.STARVED_LOADER_LIMIT, [*_cpu_evidence(facts), room, *_stalls(facts)]
 
@@ -676,8 +677,8 @@ def _cpu_evidence(facts: LaneFacts) -> list[Evidence]:
         out.append(Evidence("host_cpu_pct", facts.host_cpu_pct, text))
     if facts.lane_cpu_pct is not None:
         text = (
-            f"the lane's processes use {facts.lane_cpu_pct / 100:.1f} cores ({facts.loaders} "
-            f"{facts.loaders_name}; {facts.cores_per_lane_text})"
+            f"the lane's processes use {facts.lane_cpu_pct / 100:.1f} cores "
+            f"({facts.loaders_text}; {facts.cores_per_lane_text})"
         )
         out.append(Evidence("cpu_pct", facts.lane_cpu_pct, text))
     if facts.main_thread_cpu_pct is not None:

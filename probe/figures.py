@@ -15,7 +15,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from probe.queries import Band, CpuStrip, RunSeries
+from probe.queries import Band, CpuStrip, LatencyHistogram, RunSeries
 
 WAIT_COLOR = "#d62728"
 BUSY_COLOR = "#1f77b4"
@@ -59,6 +59,7 @@ def lane_timelines(series: RunSeries) -> go.Figure:
                 figure.add_trace(trace, row=row, col=1)
         figure.update_yaxes(range=[0, 105], title_text="%", row=row, col=1)
     figure.update_xaxes(title_text=TIME_AXIS, row=rows, col=1)
+    figure.update_xaxes(range=series.span_s)
     against = " / ".join(sorted(metrics)) if metrics else "GPU busy-ness (not measured on the CPU)"
     title = f"Data-wait against {against}, per lane"
     return _layout(figure, title, height=200 * rows + 100)
@@ -111,6 +112,7 @@ def throughput_timelines(series: RunSeries) -> go.Figure:
             col=1,
         )
     figure.update_xaxes(title_text=TIME_AXIS, row=2, col=1)
+    figure.update_xaxes(range=series.span_s)
     return _layout(figure, "Throughput and batch latency", height=480)
 
 
@@ -133,12 +135,17 @@ def gpu_timelines(series: RunSeries) -> go.Figure:
         for row, band in ((1, gpu.busy), (2, gpu.nvjpg), (3, gpu.memory_mib)):
             for trace in _band(band, gpu.label, color, gpu.uuid, row == 1):
                 figure.add_trace(trace, row=row, col=1)
+    for row in (1, 2):
+        figure.update_yaxes(range=[0, 105], row=row, col=1)
+    figure.update_yaxes(rangemode="tozero", row=3, col=1)
     figure.update_xaxes(title_text=TIME_AXIS, row=3, col=1)
+    figure.update_xaxes(range=series.span_s)
     return _layout(figure, "GPUs", height=600)
 
 
-def cpu_heat_strip(strip: CpuStrip) -> go.Figure:
-    """CPU busy share of every core over time."""
+def cpu_heat_strip(strip: CpuStrip, span_s: tuple[float, float] | None = None) -> go.Figure:
+    """CPU busy share of every core over time (over `span_s`, the run's other charts' range;
+    its colour bar lies below, so that its time axis lines up with theirs)."""
     figure = go.Figure(
         go.Heatmap(
             x=_values(strip.t_s),
@@ -147,30 +154,68 @@ def cpu_heat_strip(strip: CpuStrip) -> go.Figure:
             zmin=0,
             zmax=100,
             colorscale="YlOrRd",
-            colorbar={"title": "busy %"},
+            colorbar={
+                "title": {"text": "busy %", "side": "right"},
+                "orientation": "h",
+                "len": 0.3,
+                "thickness": 10,
+                "x": 1,
+                "xanchor": "right",
+                "y": 1.02,
+                "yanchor": "bottom",
+            },
             hovertemplate="%{y}, %{x:.1f} s: %{z:.0f}% busy<extra></extra>",
         )
     )
-    figure.update_xaxes(title_text=TIME_AXIS)
+    figure.update_xaxes(title_text=TIME_AXIS, range=span_s)
     height = min(900, 220 + 14 * len(strip.per_core))
     return _layout(figure, "CPU per core (busy %; iowait and steal excluded)", height=height)
 
 
-def latency_histogram(histogram: dict[int, tuple[list[float], list[int]]]) -> go.Figure:
-    """Measured batch latencies (wait plus step) per lane."""
+def latency_histogram(histogram: LatencyHistogram) -> go.Figure:
+    """Measured batch latencies (wait plus step) per lane; the last bar holds the slowest."""
     figure = go.Figure()
-    for index, (lane, (starts, counts)) in enumerate(sorted(histogram.items())):
-        figure.add_trace(
-            go.Bar(
-                x=starts,
-                y=counts,
-                name=f"lane {lane}",
-                opacity=0.7,
-                marker_color=PALETTE[index % len(PALETTE)],
+    slow = 0
+    several = len(histogram.lanes) > 1  # then step lines: overlaid bars would hide each other
+    for index, (lane, (starts, counts)) in enumerate(sorted(histogram.lanes.items())):
+        color = PALETTE[index % len(PALETTE)]
+        if several:
+            bins = {
+                round(start / histogram.bin_ms): n for start, n in zip(starts, counts, strict=True)
+            }
+            edges = range(max(bins) + 2)
+            figure.add_trace(
+                go.Scatter(
+                    x=[histogram.bin_ms * i for i in edges],
+                    y=[bins.get(i, 0) for i in edges],
+                    line={"shape": "hv", "color": color},
+                    name=f"lane {lane}",
+                )
             )
+        else:
+            figure.add_trace(
+                go.Bar(
+                    x=[start + histogram.bin_ms / 2 for start in starts],
+                    y=counts,
+                    width=histogram.bin_ms,
+                    name=f"lane {lane}",
+                    marker_color=color,
+                )
+            )
+        slow += sum(
+            n for start, n in zip(starts, counts, strict=True) if start >= histogram.overflow_ms
+        )
+    if slow:
+        figure.add_annotation(
+            x=histogram.overflow_ms,
+            y=1,
+            yref="y domain",
+            text=f"{slow} at {histogram.overflow_ms:,.0f} ms or more",
+            showarrow=False,
+            xanchor="right",
         )
     figure.update_layout(barmode="overlay")
-    figure.update_xaxes(title_text="batch latency ms (wait + step)")
+    figure.update_xaxes(title_text="batch latency ms (wait + step)", rangemode="tozero")
     figure.update_yaxes(title_text="batches")
     return _layout(figure, "Batch latency", height=320)
 
@@ -222,7 +267,13 @@ def sweep_curve(
             line_color="#9467bd",
             annotation_text=f"{dali_label}: {dali_images_per_s:,.0f} images/s",
         )
-    figure.update_xaxes(title_text=knob, type="log" if min(settings or [0]) > 0 else "linear")
+    log = min(settings or [0]) > 0
+    figure.update_xaxes(
+        title_text=knob,
+        type="log" if log else "linear",
+        tickvals=settings,  # a log axis's own ticks would show 2, 3, 5 ... between settings
+        ticktext=[str(s) for s in settings],
+    )
     figure.update_yaxes(title_text="images/s", rangemode="tozero")
     return _layout(figure, f"Sweep of {knob}", height=380)
 
@@ -255,6 +306,17 @@ def compare_bars(rows: Sequence[dict[str, Any]]) -> go.Figure:
             row=row,
             col=col,
         )
+        if all(value is None for value in values):
+            figure.add_annotation(
+                text="not measured for these runs",
+                showarrow=False,
+                xref="x domain",
+                yref="y domain",
+                x=0.5,
+                y=0.5,
+                row=row,
+                col=col,
+            )
     return _layout(figure, "Runs compared", height=560)
 
 
@@ -307,8 +369,9 @@ def _layout(figure: go.Figure, title: str, height: int) -> go.Figure:
     figure.update_layout(
         title={"text": title, "x": 0},
         height=height,
-        margin={"l": 60, "r": 60, "t": 70, "b": 50},
-        legend={"orientation": "h", "y": -0.12},
+        margin={"l": 60, "r": 60, "t": 70, "b": 110},
+        # the legend 70 px under the plot, whatever its height (below the time axis's title)
+        legend={"orientation": "h", "yanchor": "top", "y": -70 / max(1, height - 180)},
         hovermode="x unified",
         plot_bgcolor="white",
         paper_bgcolor="white",

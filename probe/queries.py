@@ -77,20 +77,22 @@ class CpuStrip:
 @dataclass(frozen=True)
 class RunSeries:
     run_id: str
-    start_ns: int
+    start_ns: int  # time 0: when the run started
     bucket_s: float
     lanes: list[LaneSeries]
     gpus: list[GpuSeries]
     cpu: CpuStrip | None
+    span_s: tuple[float, float]  # the time range every chart of the run shows
 
 
 def run_series(store: Store, run_id: str, points: int = POINTS) -> RunSeries | None:
     """A run's timelines, about `points` buckets each; None if it recorded nothing yet."""
     run = store.run(run_id)
-    span = store.time_span(run.run_id) if run.ended_ns is None else (run.started_ns, run.ended_ns)
+    span = store.time_span(run.run_id)
     if span is None:
         return None
-    start, end = span
+    start = run.started_ns
+    end = max(span[1], run.ended_ns or span[1])
     bucket_ns = max(MIN_SAMPLE_BUCKET_NS, -(-(end - start) // points))  # ceiling division
     batch_bucket_ns = max(MIN_BATCH_BUCKET_NS, bucket_ns)
     batch_bucket_s = batch_bucket_ns / 1e9
@@ -136,6 +138,7 @@ def run_series(store: Store, run_id: str, points: int = POINTS) -> RunSeries | N
         lanes=[lanes[key] for key in sorted(lanes)],
         gpus=_gpu_series(gpu, run, bucket_ns),
         cpu=_cpu_strip(host, start),
+        span_s=(0.0, (end - start) / 1e9),
     )
 
 
@@ -190,22 +193,31 @@ def _cpu_strip(rows: list[HostSample], start: int) -> CpuStrip | None:
     )
 
 
-def latency_histogram(
-    store: Store, run_id: str, bins: int = 60
-) -> dict[int, tuple[list[float], list[int]]]:
-    """Per lane: bin starts (ms) and counts of measured batch latencies."""
+@dataclass(frozen=True)
+class LatencyHistogram:
+    """Measured batch latencies per lane: bins of `bin_ms` up to `overflow_ms`, where one last
+    bin gathers all slower batches (so that a rare stall does not squash the chart)."""
+
+    bin_ms: float
+    overflow_ms: float
+    lanes: dict[int, tuple[list[float], list[int]]]  # lane -> bin starts (ms), counts
+
+
+def latency_histogram(store: Store, run_id: str, bins: int = 60) -> LatencyHistogram | None:
+    """The run's batch latency histogram, its bins spread over 1.5 x the slowest lane's p99;
+    None if no batch was measured."""
     worst = 0.0
     for lane in store.lanes(run_id):
         figures = lane.summary or {}
         p99 = (figures.get("batch_latency_ms") or {}).get("p99")
         worst = max(worst, p99 or 0.0)
     bin_ms = max(0.05, worst * 1.5 / bins) if worst else 1.0
-    out: dict[int, tuple[list[float], list[int]]] = {}
-    for row in store.latency_bins(run_id, bin_ms):
-        starts, counts = out.setdefault(row["lane"], ([], []))
+    lanes: dict[int, tuple[list[float], list[int]]] = {}
+    for row in store.latency_bins(run_id, bin_ms, bins):
+        starts, counts = lanes.setdefault(row["lane"], ([], []))
         starts.append(row["bin"] * bin_ms)
         counts.append(row["n"])
-    return out
+    return LatencyHistogram(bin_ms, bins * bin_ms, lanes) if lanes else None
 
 
 @dataclass(frozen=True)
@@ -292,7 +304,7 @@ class LiveSeries:
             read += len(rows)
             self.cursors[table] = rows[-1]["t_ns"]
             if self.start_ns is None:
-                self.start_ns = rows[0]["t_ns"]
+                self.start_ns = store.run(self.run_id).started_ns
             getattr(self, f"_add_{table}")(rows)
         self._forget_old()
         return read
@@ -354,7 +366,9 @@ class LiveSeries:
                 ],
                 total=[sum(self.cores[t]) / max(1, len(self.cores[t])) for t in times],
             )
-        return RunSeries(self.run_id, self.start_ns, 1.0, lanes, gpus, strip)
+        newest = self._second(max(self.cursors.values())) + 1.0
+        span = (max(0.0, newest - self.window_s), newest)
+        return RunSeries(self.run_id, self.start_ns, 1.0, lanes, gpus, strip, span)
 
     def _second(self, t_ns: int) -> int:
         return (t_ns - (self.start_ns or t_ns)) // 1_000_000_000

@@ -595,12 +595,14 @@ class Store:
             (start_ns, bucket_ns, run_id, since_ns if since_ns is not None else -1),
         ).fetchall()
 
-    def latency_bins(self, run_id: str, bin_ms: float) -> list[sqlite3.Row]:
-        """Measured batch latencies (wait + step) counted per lane in bins of `bin_ms`."""
+    def latency_bins(self, run_id: str, bin_ms: float, last_bin: int) -> list[sqlite3.Row]:
+        """Measured batch latencies (wait + step) counted per lane in bins of `bin_ms`; bin
+        `last_bin` counts all from there on."""
         return self._db.execute(
-            "SELECT lane, CAST((wait_s + step_s) * 1000 / ? AS INTEGER) AS bin, COUNT(*) AS n "
-            "FROM batches WHERE run_id = ? AND warmup = 0 GROUP BY lane, bin ORDER BY lane, bin",
-            (bin_ms, run_id),
+            "SELECT lane, MIN(CAST((wait_s + step_s) * 1000 / ? AS INTEGER), ?) AS bin, "
+            "COUNT(*) AS n FROM batches WHERE run_id = ? AND warmup = 0 "
+            "GROUP BY lane, bin ORDER BY lane, bin",
+            (bin_ms, last_bin, run_id),
         ).fetchall()
 
     def lane_cpu_buckets(self, run_id: str, start_ns: int, bucket_ns: int) -> list[sqlite3.Row]:

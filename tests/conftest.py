@@ -10,6 +10,7 @@ import torch
 from PIL import Image
 
 from helpers import code_color, solid, write_jpeg
+from pipelines.sample_data import ensure_default_dataset
 
 
 @pytest.fixture(scope="session")
@@ -41,6 +42,14 @@ def mixed_formats_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     Image.fromarray(gray).save(root / "b" / "gray.jpg", quality=90)
     Image.fromarray(noise(110, 90)).convert("CMYK").save(root / "b" / "cmyk.jpg", quality=90)
     write_jpeg(root / "b" / "rgb2.jpeg", noise(64, 200))
+    return root
+
+
+@pytest.fixture(scope="session")
+def sample_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An XDG_CACHE_HOME holding the built-in sample data (written once per test session)."""
+    root = tmp_path_factory.mktemp("cache")
+    ensure_default_dataset(cache_dir=root / "feedscope")
     return root
 
 

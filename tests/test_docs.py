@@ -20,10 +20,16 @@ def bash_blocks() -> list[str]:
 
 def test_the_two_set_up_commands_come_first_and_ci_runs_the_test_command() -> None:
     main_job, tests = bash_blocks()[:2]
-    assert main_job.startswith("pip install") and main_job.endswith("probe doctor")
+    assert main_job.startswith("pip install") and main_job.endswith("streamlit run app")
     assert tests.startswith("pip install") and tests.endswith("pytest")
     ci = (ROOT / ".ci" / "run").read_text()
     assert tests in ci.splitlines()
+
+
+def test_the_dashboard_section_names_every_page() -> None:
+    pages = re.findall(r'st.Page\(.*title="(\w+)"', (ROOT / "app" / "streamlit_app.py").read_text())
+    section = README.split("## The dashboard")[1].split("\n## ")[0]
+    assert pages == re.findall(r"^- \*\*(\w+)\*\*", section, re.MULTILINE)
 
 
 def test_every_documented_command_exists() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from probe.queries import run_series
+from probe.queries import latency_histogram, run_series
 from probe.samplers import GpuSample
 from probe.store import BatchEvent, LaneRecord, RunRecord, RunStatus, Store
 
@@ -31,6 +31,7 @@ def test_an_hour_downsampled_keeps_a_single_sample_dip_and_spike(tmp_path: Path)
         store.finish_run("long", RunStatus.COMPLETED, None, seconds * 1_000_000_000)
         series = run_series(store, "long", points=600)
     assert series is not None
+    assert series.span_s == (0.0, seconds)  # every chart of the run shows the same time range
     (gpu,) = series.gpus
     assert gpu.busy_metric == "SM activity (GPM)"
     assert len(gpu.busy.t_s) <= 601  # 36,000 samples in about 600 buckets
@@ -43,3 +44,25 @@ def test_an_hour_downsampled_keeps_a_single_sample_dip_and_spike(tmp_path: Path)
     (lane,) = series.lanes
     assert all(abs(w - 0.1) < 1e-9 for w in lane.data_wait_frac if w is not None)
     assert all(abs(rate - 8.0) < 1e-6 for rate in lane.images_per_s)  # 8 images a second
+
+
+def test_the_latency_histogram_gathers_rare_stalls_in_its_last_bin(tmp_path: Path) -> None:
+    with Store(tmp_path / "s.db") as store:
+        run = RunRecord(
+            "r", "probe", "2026-11-21T00:00:00Z", RunStatus.RUNNING, None, "torch", "none", None,
+            {}, {}, "h", None, 0, None,
+        )  # fmt: skip
+        summary = {"batch_latency_ms": {"p50": 10.0, "p95": 10.0, "p99": 10.0}}
+        store.create_run(run, [LaneRecord("r", 0, None, None, 0, 1, "h", None,
+                                          RunStatus.COMPLETED, None, summary)])  # fmt: skip
+        latencies = [0.010] * 99 + [0.002, 5.0]  # and a warm-up batch, not counted
+        store.add_batches("r", [BatchEvent(0, 0, 0, 9.0, 0.0, 8, True)] + [
+            BatchEvent(0, i + 1, i, latency, 0.0, 8, False) for i, latency in enumerate(latencies)
+        ])  # fmt: skip
+        histogram = latency_histogram(store, "r", bins=60)
+    assert histogram is not None
+    assert histogram.bin_ms == 0.25  # 60 bins over 1.5 x p99
+    assert histogram.overflow_ms == 15.0
+    starts, counts = histogram.lanes[0]
+    assert sum(counts) == 101
+    assert dict(zip(starts, counts, strict=True)) == {2.0: 1, 10.0: 99, 15.0: 1}

@@ -61,7 +61,7 @@ def compare_runs(db: str, rows: list[dict[str, Any]]) -> None:
                 "busy metric": {"gpm": "SM activity (GPM)", "nvml": "kernel-active (NVML)"}.get(
                     b["sm_active_source"] or "", "-"
                 ),
-                "CPU cores": None if b["cpu_cores"] is None else round(b["cpu_cores"], 1),
+                "CPU cores": "-" if b["cpu_cores"] is None else f"{b['cpu_cores']:.1f}",
             }
             for b in bars
         ],
@@ -74,8 +74,10 @@ def compare_runs(db: str, rows: list[dict[str, Any]]) -> None:
         best = {p: max(b["images_per_s"] for b in bars if b["pipeline"] == p) for p in pipelines}
         st.markdown(
             f"**DataLoader against DALI**: the best DataLoader run {best['torch']:,.0f} images/s, "
-            f"the best DALI run {best['dali']:,.0f} ({best['dali'] / best['torch'] - 1:+.0%})."
+            f"the best DALI run {best['dali']:,.0f} ({best['dali'] / best['torch']:.2f}x)."
         )
+        if len({b["consumer"] for b in bars}) > 1:
+            st.caption("These runs fed different consumers: compare runs of one consumer.")
 
 
 def compare_session() -> None:
@@ -116,7 +118,7 @@ def compare_session() -> None:
                     knob: p[knob],
                     "images/s": round(p["images_per_s"]),
                     "data-wait": common.pct(p["data_wait_frac"]),
-                    "CPU cores": None if p["cpu_pct"] is None else round(p["cpu_pct"] / 100, 1),
+                    "CPU cores": "-" if p["cpu_pct"] is None else f"{p['cpu_pct'] / 100:.1f}",
                     "run": p["run_id"],
                 }
                 for p in points

@@ -28,7 +28,11 @@ def form() -> launch.LaunchForm | None:
             )
         )
         shards = cols[1].number_input(
-            "shards (CPU lanes)", min_value=1, value=1, step=1, key="launch-shards"
+            "dataset shards (0: one per lane; on the CPU, the lanes)",
+            min_value=0,
+            value=0,
+            step=1,
+            key="launch-shards",
         )
         batch_size = cols[2].number_input(
             "batch size", min_value=1, value=128, step=1, key="launch-batch"
@@ -77,7 +81,7 @@ def form() -> launch.LaunchForm | None:
         command=command,
         pipeline=pipeline,
         gpus=gpus or None,
-        num_shards=int(shards) if not gpus else None,
+        num_shards=int(shards) or None,
         data_dir=data or None,
         batch_size=int(batch_size),
         workers=int(workers) or None,
@@ -89,7 +93,10 @@ def form() -> launch.LaunchForm | None:
     )
 
 
+@st.fragment(run_every=2.0)
+@common.page
 def launches() -> None:
+    """The launches, newest first, with what each printed last (refreshed every 2 s)."""
     with common.store() as store:
         records = launch.launches(store)
     if not records:

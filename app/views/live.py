@@ -15,6 +15,7 @@ from probe.queries import LiveSeries, running_runs
 
 
 @st.fragment(run_every=1.0)
+@common.page
 def follow(run_id: str) -> None:
     key = f"live-{run_id}"
     if key not in st.session_state:
@@ -24,8 +25,11 @@ def follow(run_id: str) -> None:
         live.update(store)
         series = live.series(store)
         status = store.run(run_id).status.value
+        others = [run for run in running_runs(store) if run.run_id != run_id]
     if status != "running":
-        st.success(f"Run {run_id} ended ({status}).")
+        if others:
+            st.rerun()  # the next run of a sweep, or another probe: follow it
+        (st.success if status == "completed" else st.warning)(f"Run {run_id} ended ({status}).")
         st.page_link("views/run.py", label=f"Open run {run_id}", query_params={"run": run_id})
     if series is None:
         st.info("Waiting for the first samples (the lanes are starting).")
@@ -42,7 +46,37 @@ def follow(run_id: str) -> None:
     if series.gpus:
         st.plotly_chart(figures.gpu_timelines(series), width="stretch", key=f"{key}-gpu")
     if series.cpu is not None:
-        st.plotly_chart(figures.cpu_heat_strip(series.cpu), width="stretch", key=f"{key}-cpu")
+        st.plotly_chart(
+            figures.cpu_heat_strip(series.cpu, series.span_s), width="stretch", key=f"{key}-cpu"
+        )
+
+
+@st.fragment(run_every=1.0)
+@common.page
+def waiting() -> None:
+    """Nothing records yet: the launched probes starting (what they print), until a run
+    records (then the page follows it) or the launch ends (then how it ended)."""
+    with common.store() as store:
+        if running_runs(store):
+            st.rerun()
+        launches = launch.launches(store)
+    seen: set[str] = st.session_state.setdefault("live-launches", set())
+    starting = [x for x in launches if x.status.value == "running"]
+    seen.update(x.launch_id for x in starting)
+    ended = [x for x in launches if x.launch_id in seen and x.status.value != "running"]
+    if not starting and not ended:
+        st.info("No probe is running now.")
+        st.page_link("views/launch.py", label="Start one on the Launch page")
+        return
+    for item in starting:
+        st.info(f"{item.launch_id} is starting; this page follows it as soon as it records.")
+        st.code(launch.log_tail(item, 12) or "(nothing printed yet)", language=None)
+    for item in ended[:3]:
+        exit_code = "" if item.exit_code is None else f", exit {item.exit_code}"
+        st.warning(f"{item.launch_id} ended ({item.status.value}{exit_code}).")
+        st.code(launch.log_tail(item, 12) or "(it printed nothing)", language=None)
+    if ended:
+        st.page_link("views/runs.py", label="See its runs on the Runs page")
 
 
 @common.page
@@ -50,16 +84,8 @@ def main() -> None:
     st.title("Live")
     with common.store() as store:
         running = running_runs(store)
-        launches = [x for x in launch.launches(store) if x.status.value == "running"]
     if not running:
-        if launches:
-            st.info("A launched probe is starting; this page follows it as soon as it records.")
-            for item in launches:
-                st.code(launch.log_tail(item, 12) or "(nothing printed yet)", language=None)
-            st.button("Refresh", key="live-refresh")
-        else:
-            st.info("No probe is running now.")
-            st.page_link("views/launch.py", label="Start one on the Launch page")
+        waiting()
         return
     ids = [run.run_id for run in running]
     chosen = st.selectbox(

@@ -115,9 +115,9 @@ def diagnosis(diag: dict[str, Any], session: dict[str, Any] | None) -> None:
                 {
                     "#": rank,
                     "change": item["setting"],
-                    "what": item["action"],
                     "predicted images/s": _round(item["predicted_images_per_s"]),
                     "verified images/s": _round(item.get("measured_images_per_s")),
+                    "what": item["action"],
                     "basis": item["basis"],
                     "notes": "; ".join(item.get("notes", ())),
                 }
@@ -172,7 +172,9 @@ def main() -> None:
         if series.gpus:
             st.plotly_chart(figures.gpu_timelines(series), width="stretch", key="run-gpus")
         if series.cpu is not None:
-            st.plotly_chart(figures.cpu_heat_strip(series.cpu), width="stretch", key="run-cpu")
+            st.plotly_chart(
+                figures.cpu_heat_strip(series.cpu, series.span_s), width="stretch", key="run-cpu"
+            )
     unavailable = doc["unavailable_metrics"]
     if unavailable:
         st.caption(

@@ -50,13 +50,16 @@ def main() -> None:
             not text or any(text in (row[k] or "").lower() for k in ("run_id", "label", "consumer"))
         )
     ]
+    if not shown:
+        st.info(f"None of the {len(rows)} runs matches these filters.")
+        return
     table = []
     for row in shown:
         verdict = common.diagnosis(db, row["run_id"], common.version_of(row))["verdict"]
         table.append(
             {
                 "run": row["run_id"],
-                "created (UTC)": row["created"].replace("T", " ").rstrip("Z"),
+                "label": row["label"] or "",
                 "status": row["status"],
                 "pipeline": row["pipeline"],
                 "consumer": row["consumer"],
@@ -64,7 +67,7 @@ def main() -> None:
                 "images/s": round(row["images_per_s"]),
                 "data-wait": common.pct(row["data_wait_frac"]),
                 "verdict": verdict["title"] + (" (partial)" if verdict["partial"] else ""),
-                "label": row["label"] or "",
+                "created (UTC)": row["created"].replace("T", " ").rstrip("Z"),
             }
         )
     st.caption(f"{len(shown)} of {len(rows)} runs; select one to open it")
@@ -75,6 +78,7 @@ def main() -> None:
         width="stretch",
         on_select="rerun",
         selection_mode="single-row",
+        column_config={"verdict": st.column_config.TextColumn(width="large")},
     )
     selected = event.selection.rows if event is not None else []
     if selected:

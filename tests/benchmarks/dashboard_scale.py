@@ -95,7 +95,7 @@ def draw(series: object) -> list[object]:
         lane_timelines(series),
         throughput_timelines(series),
         gpu_timelines(series),
-        cpu_heat_strip(series.cpu),  # type: ignore[attr-defined]
+        cpu_heat_strip(series.cpu, series.span_s),  # type: ignore[attr-defined]
     ]
 
 

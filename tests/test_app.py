@@ -1,0 +1,398 @@
+"""The dashboard's pages, driven by Streamlit's AppTest against stores that real CPU probes
+filled: a doctor session (DataLoader and DALI runs), a two-lane run and a failed run; the empty
+store; and probes launched from the pages themselves."""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from pipelines.sample_data import SampleParams, make_sample_dataset
+from probe.queries import running_runs
+from probe.store import RunStatus, Store
+
+APP = str(Path(__file__).resolve().parents[1] / "app" / "streamlit_app.py")
+SMALL = ["--gpus", "none", "--batch-size", "8", "--image-size", "64", "--warmup", "2"]
+
+
+def probe(*args: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "probe", *map(str, args)],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+
+
+def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("app") / "photos"
+    make_sample_dataset(root, SampleParams(count=48, classes=4, seed=5))
+    return root
+
+
+@pytest.fixture(scope="module")
+def filled(tmp_path_factory: pytest.TempPathFactory, photos: Path) -> dict[str, Any]:
+    """A store as a user's looks after a doctor, a labelled two-lane run and a failed run."""
+    root = tmp_path_factory.mktemp("filled")
+    db = root / "store.db"
+    doctor = probe("doctor", "--data", photos, "--db", db, "--budget", "45", "--json", *SMALL)
+    assert doctor.returncode == 0, doctor.stderr
+    two = probe("run", "--data", photos, "--db", db, "--num-shards", "2", "--batches", "6",
+                "--workers", "1", "--consumer", "sleep:15", "--label", "two-lanes", "--json",
+                *SMALL)  # fmt: skip
+    assert two.returncode == 0, two.stderr
+    broken = root / "broken"
+    shutil.copytree(photos, broken)
+    bad = broken / "class_03" / "zz_truncated.jpg"
+    bad.write_bytes((broken / "class_03" / "img_000003.jpg").read_bytes()[:500])
+    failed = probe("run", "--data", broken, "--db", db, "--num-shards", "2", "--batches", "8",
+                   "--workers", "1", "--json", *SMALL)  # fmt: skip
+    assert failed.returncode == 1, failed.stderr
+    return {
+        "db": db,
+        "doctor": json.loads(doctor.stdout),
+        "two": json.loads(two.stdout),
+        "failed": json.loads(failed.stdout),
+    }
+
+
+def app(
+    monkeypatch: pytest.MonkeyPatch, db: Path, page: str | None = None, **params: str
+) -> AppTest:
+    monkeypatch.setenv("FEEDSCOPE_DB", str(db))
+    at = AppTest.from_file(APP, default_timeout=60)
+    if page is not None:
+        at.switch_page(f"views/{page}.py")
+    for name, value in params.items():
+        at.query_params[name] = value
+    return at.run()
+
+
+def texts(elements: Any) -> list[str]:
+    return [str(element.value) for element in elements]
+
+
+def no_errors(at: AppTest) -> None:
+    """No exception escaped, and the page's guard caught none either."""
+    assert not at.exception, at.exception
+    assert not [text for text in texts(at.error) if text.startswith("This page could not")]
+
+
+def charts(at: AppTest) -> list[dict[str, Any]]:
+    return [json.loads(chart.proto.spec) for chart in at.get("plotly_chart")]
+
+
+def trace_names(chart: dict[str, Any]) -> set[str]:
+    return {trace.get("name") for trace in chart["data"]} - {None}
+
+
+def values(data: Any) -> list[Any]:
+    """A trace's x or y, as plotly wrote it: a list, or typed binary ({"dtype", "bdata"})."""
+    if isinstance(data, dict):
+        return np.frombuffer(base64.b64decode(data["bdata"]), dtype=data["dtype"]).tolist()
+    return list(data)
+
+
+def table(at: AppTest, column: str) -> list[dict[str, Any]]:
+    """The rows of the page's table that has this column."""
+    frame = next(df.value for df in at.dataframe if column in df.value.columns)
+    return frame.to_dict("records")
+
+
+# --- the empty store ---------------------------------------------------------------------------
+
+
+def test_an_empty_store_offers_one_button_and_every_page_says_what_to_do(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    db = tmp_path / "store.db"
+    at = app(monkeypatch, db)
+    no_errors(at)
+    assert [b.label for b in at.button] == ["Run a probe on the built-in sample data"]
+    assert "No runs yet" in texts(at.info)[0]
+    for page, message in [
+        ("live", "No probe is running now."),
+        ("run", "No runs yet: start one on the Launch page, or from the Runs page."),
+        ("compare", "Two or more runs are needed to compare."),
+    ]:
+        at = app(monkeypatch, db, page)
+        no_errors(at)
+        assert texts(at.info) == [message]
+    at = app(monkeypatch, db, "compare")
+    at.radio(key="compare-mode").set_value("a sweep or doctor session").run()
+    assert "No sweep or doctor session yet" in texts(at.info)[0]
+    at = app(monkeypatch, db, "launch")
+    no_errors(at)
+    assert at.multiselect(key="launch-devices").value == ["CPU"]  # no GPU on this machine
+    assert [b.label for b in at.button] == ["Start"]
+
+
+def test_the_first_probe_button_measures_the_sample_data(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, sample_cache: Path
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(sample_cache))
+    db = tmp_path / "store.db"
+    at = app(monkeypatch, db)
+    at.button(key="runs-first").click().run()
+    no_errors(at)
+    with Store(db) as store:
+        (record,) = store.launches()
+    assert record.argv[:4] == ["run", "--pipeline", "torch", "--gpus"]
+    assert "--data" not in record.argv  # the built-in sample data
+    with Store(db) as store:
+        wait_for(lambda: _launch_ended(store, record.launch_id), 120, "the first probe")
+        (run,) = store.runs()
+        assert run.status is RunStatus.COMPLETED
+        assert store.launches()[0].status is RunStatus.COMPLETED
+    at = app(monkeypatch, db)
+    rows = table(at, "verdict")
+    assert [(row["run"], row["status"]) for row in rows] == [(run.run_id, "completed")]
+
+
+def _launch_ended(store: Store, launch_id: str) -> bool:
+    from probe import launch
+
+    return any(
+        x.launch_id == launch_id and x.status is not RunStatus.RUNNING
+        for x in launch.launches(store)
+    )
+
+
+# --- a filled store ----------------------------------------------------------------------------
+
+
+def test_runs_lists_every_run_with_its_verdict_and_filters(
+    monkeypatch: pytest.MonkeyPatch, filled: dict[str, Any]
+) -> None:
+    at = app(monkeypatch, filled["db"])
+    no_errors(at)
+    rows = table(at, "verdict")
+    expected = {*filled["doctor"]["run_ids"], filled["two"]["run_id"], filled["failed"]["run_id"]}
+    assert {row["run"] for row in rows} == expected
+    failed = next(row for row in rows if row["run"] == filled["failed"]["run_id"])
+    assert failed["status"] == "failed"
+    assert failed["verdict"].endswith("(partial)")
+    two = next(row for row in rows if row["run"] == filled["two"]["run_id"])
+    assert two["images/s"] == round(filled["two"]["images_per_s"])
+    assert two["devices"] == "cpu x2"
+
+    at.multiselect(key="runs-status").set_value(["failed"]).run()
+    assert [row["run"] for row in table(at, "verdict")] == [filled["failed"]["run_id"]]
+    at.multiselect(key="runs-status").set_value(["completed", "failed"])
+    at.text_input(key="runs-text").input("TWO-lanes").run()
+    assert [row["run"] for row in table(at, "verdict")] == [filled["two"]["run_id"]]
+    at.multiselect(key="runs-pipeline").set_value(["dali"]).run()
+    assert texts(at.info) == [f"None of the {len(rows)} runs matches these filters."]
+    assert not at.dataframe
+
+
+def test_the_run_page_shows_lanes_on_one_time_axis_and_the_diagnosis(
+    monkeypatch: pytest.MonkeyPatch, filled: dict[str, Any]
+) -> None:
+    two = filled["two"]
+    at = app(monkeypatch, filled["db"], "run", run=two["run_id"])
+    no_errors(at)
+    assert at.selectbox(key="run-pick").value == two["run_id"]
+    assert at.subheader[0].value.startswith(f"{two['run_id']}: torch, consumer sleep:15")
+    assert texts(at.success)[0] == "completed"
+    lanes = table(at, "shard")
+    assert [row["shard"] for row in lanes] == ["0/2", "1/2"]
+    for row, lane in zip(lanes, two["lanes"], strict=True):
+        assert row["batches"] == lane["batches"] == 6
+        assert row["data-wait"] == f"{lane['data_wait_frac']:.1%}"
+    # the diagnosis, with its evidence in measured numbers
+    assert texts(at.subheader)[1] == "Diagnosis"
+    shown = texts(at.error) + texts(at.warning) + texts(at.success)
+    assert any(text.startswith(two["diagnosis"]["verdict"]["title"]) for text in shown)
+    evidence = texts(at.markdown)
+    assert any(text.startswith("- data-wait") for text in evidence)
+    # lanes on one time axis; throughput; latency histogram; CPU heat strip (no GPU here)
+    figures = charts(at)
+    assert len(figures) == 4
+    lanes_figure = figures[0]
+    titles = [a["text"] for a in lanes_figure["layout"]["annotations"]]
+    assert titles == ["lane 0: cpu, shard 0/2", "lane 1: cpu, shard 1/2"]
+    waits = [t for t in lanes_figure["data"] if t.get("name") == "data-wait %"]
+    assert len(waits) == 2
+    assert all(len(values(t["x"])) > 0 for t in waits)
+    assert lanes_figure["layout"]["xaxis"]["matches"] == "x2"  # one time axis
+    assert figures[3]["data"][0]["type"] == "heatmap"
+    (download,) = at.get("download_button")
+    assert download.proto.label == "Download the run as JSON"
+
+
+def test_a_doctor_run_shows_the_sessions_ranked_recommendations(
+    monkeypatch: pytest.MonkeyPatch, filled: dict[str, Any]
+) -> None:
+    doctor = filled["doctor"]
+    at = app(monkeypatch, filled["db"], "run", run=doctor["run_ids"][0])
+    no_errors(at)
+    shown = table(at, "predicted images/s")
+    assert [row["change"] for row in shown] == [r["setting"] for r in doctor["recommendations"]]
+    assert shown[0]["predicted images/s"] == round(
+        doctor["recommendations"][0]["predicted_images_per_s"]
+    )
+    assert any(doctor["session_id"] in text for text in texts(at.markdown))
+
+
+def test_a_failed_run_shows_what_it_recorded_and_why_it_failed(
+    monkeypatch: pytest.MonkeyPatch, filled: dict[str, Any]
+) -> None:
+    failed = filled["failed"]
+    (bad,) = [lane["lane"] for lane in failed["lanes"] if lane["status"] == "failed"]
+    at = app(monkeypatch, filled["db"], "run", run=failed["run_id"])
+    no_errors(at)
+    status = texts(at.warning)[0]
+    assert status.startswith(f"failed: lane {bad} failed: corrupt or truncated image")
+    lanes = table(at, "shard")
+    assert [row["status"] == "failed" for row in lanes] == [lane == bad for lane in (0, 1)]
+    assert "zz_truncated.jpg" in lanes[bad]["reason"]
+    assert lanes[1 - bad]["batches"] == 8
+    shown = texts(at.error) + texts(at.warning) + texts(at.success)
+    assert any(text.endswith("partial: the run did not complete") for text in shown)
+    assert len(charts(at)) >= 2  # lane 0's batches are kept and drawn
+
+
+def test_an_unknown_run_in_the_address_falls_back_to_the_newest(
+    monkeypatch: pytest.MonkeyPatch, filled: dict[str, Any]
+) -> None:
+    at = app(monkeypatch, filled["db"], "run", run="run-nonesuch")
+    no_errors(at)
+    assert texts(at.warning)[0] == "No run run-nonesuch in the store; showing the newest."
+    assert at.selectbox(key="run-pick").value == filled["failed"]["run_id"]
+
+
+def test_compare_puts_dataloader_and_dali_runs_side_by_side(
+    monkeypatch: pytest.MonkeyPatch, filled: dict[str, Any]
+) -> None:
+    doctor = filled["doctor"]
+    torch_run = doctor["knee"]["run_id"]
+    dali_run = doctor["dali"]["run_id"]
+    at = app(monkeypatch, filled["db"], "compare")
+    at.multiselect(key="compare-runs").set_value([torch_run, dali_run]).run()
+    no_errors(at)
+    rows = table(at, "busy metric")
+    assert [row["pipeline"] for row in rows] == ["torch", "dali"]
+    (bars,) = charts(at)
+    rates, waits = (values(bar["y"]) for bar in bars["data"][:2])
+    assert [round(rate) for rate in rates] == [row["images/s"] for row in rows]
+    assert [f"{wait:.1f}%" for wait in waits] == [row["data-wait"] for row in rows]
+    assert [a["text"] for a in bars["layout"]["annotations"]][-1] == "not measured for these runs"
+    line = next(text for text in texts(at.markdown) if "DataLoader against DALI" in text)
+    assert f"{doctor['dali']['images_per_s']:,.0f}" in line
+    at.multiselect(key="compare-runs").set_value([torch_run]).run()
+    assert texts(at.info) == ["Pick two or more runs."]
+
+
+def test_compare_shows_the_sweep_curve_with_its_knee(
+    monkeypatch: pytest.MonkeyPatch, filled: dict[str, Any]
+) -> None:
+    doctor = filled["doctor"]
+    at = app(monkeypatch, filled["db"], "compare")
+    at.radio(key="compare-mode").set_value("a sweep or doctor session").run()
+    no_errors(at)
+    assert at.selectbox(key="compare-session").value == doctor["session_id"]
+    points = table(at, "num_workers")
+    assert [p["num_workers"] for p in points] == [p["num_workers"] for p in doctor["sweep"]]
+    (curve,) = charts(at)
+    knee = doctor["knee"]["num_workers"]
+    (marked,) = [trace for trace in curve["data"] if trace.get("name") == "knee"]
+    assert values(marked["x"]) == [knee]
+    dali = f"{doctor['dali']['setting']}: {doctor['dali']['images_per_s']:,.0f} images/s"
+    assert [a["text"] for a in curve["layout"]["annotations"]] == [dali]
+    assert any(doctor["verdict"]["title"] in text for text in texts(at.markdown))
+
+
+# --- launching ---------------------------------------------------------------------------------
+
+
+def test_launch_refuses_a_bad_form_before_anything_starts(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    db = tmp_path / "store.db"
+    at = app(monkeypatch, db, "launch")
+    at.text_input(key="launch-data").input(str(tmp_path / "missing"))
+    at.text_input(key="launch-consumer").input("sleep:soon")
+    at.button[0].click().run()
+    assert not at.exception
+    errors = texts(at.error)
+    assert any("missing" in text for text in errors)
+    assert any("sleep:soon" in text for text in errors)
+    at.radio(key="launch-command").set_value("doctor").run()
+    at.text_input(key="launch-data").input("")
+    at.text_input(key="launch-consumer").input("sleep:30")
+    at.number_input(key="launch-budget").set_value(3.0)
+    at.button[0].click().run()
+    (problem,) = texts(at.error)
+    assert problem.startswith("--budget 3 s is too small to measure anything")
+    with Store(db) as store:
+        assert store.launches() == []
+
+
+def test_launch_starts_a_probe_refuses_a_second_follows_it_live_and_stops_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, photos: Path
+) -> None:
+    db = tmp_path / "store.db"
+    at = app(monkeypatch, db, "launch")
+    at.text_input(key="launch-data").input(str(photos))
+    at.number_input(key="launch-batch").set_value(8)
+    at.number_input(key="launch-workers").set_value(1)
+    at.number_input(key="launch-duration").set_value(120.0)
+    at.text_input(key="launch-label").input("from-the-page")
+    at.button[0].click().run()
+    no_errors(at)
+    assert texts(at.success)[0].startswith("Started launch-")
+    with Store(db) as store:
+        (record,) = store.launches()
+    assert record.argv[record.argv.index("--label") + 1] == "from-the-page"
+
+    at.button[0].click().run()  # the same form again, on the same device
+    assert texts(at.error) == [
+        f"the CPU is in use by launch {record.launch_id} (run): stop it or wait for it before "
+        "starting another probe there (two would measure each other)"
+    ]
+
+    with Store(db) as store:
+        run = wait_for(lambda: running_runs(store), 60, "the run to start")[0]
+        wait_for(lambda: len(store.batches(run.run_id, 0)) > 10, 60, "measured batches")
+    live = app(monkeypatch, db, "live")
+    no_errors(live)
+    assert live.selectbox(key="live-pick").value == run.run_id
+    first = charts(live)
+    assert len(first) == 3  # lanes, throughput, CPU heat strip
+    assert "data-wait %" in trace_names(first[0])
+    time.sleep(1.5)
+    live.run()  # reads only what was recorded since
+    assert len(charts(live)) == 3
+    assert any("processes" in text for text in texts(live.caption))
+
+    at = app(monkeypatch, db, "launch")
+    at.button(key=f"launch-stop-{record.launch_id}").click().run()
+    no_errors(at)
+    with Store(db) as store:
+        wait_for(lambda: _launch_ended(store, record.launch_id), 60, "the probe to stop")
+        assert store.launches()[0].status is RunStatus.INTERRUPTED
+        assert store.run(run.run_id).status is RunStatus.INTERRUPTED
+        assert len(store.batches(run.run_id, 0)) > 10  # kept
+    at = app(monkeypatch, db, "live")
+    assert texts(at.info) == ["No probe is running now."]
