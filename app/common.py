@@ -18,6 +18,7 @@ import streamlit as st
 from pipelines import InputError
 from probe.diagnose import diagnose_run
 from probe.queries import latency_histogram, run_rows, run_series
+from probe.report import build_report, render
 from probe.store import Store, default_db_path
 from probe.summary import run_document
 
@@ -98,5 +99,29 @@ def version_of(run: dict[str, Any]) -> str:
     return f"{run['status']}:{run.get('images_per_s')}"
 
 
-def pct(value: float | None, digits: int = 1) -> str:
-    return "-" if value is None else f"{value:.{digits}%}"
+EXPORTS = (
+    ("html", "HTML report", "text/html"),
+    ("md", "Markdown summary", "text/markdown"),
+    ("json", "JSON (everything)", "application/json"),
+)
+
+
+def export_buttons(db: str, subject: str, key: str) -> None:
+    """Download buttons for the report of a run or session, in each format; each report is
+    made when its button is clicked (an HTML report of a long run takes a second or two)."""
+
+    def maker(form: str) -> Callable[[], str]:
+        def make() -> str:
+            with Store(db) as connection:
+                return render(build_report(connection, subject), form)
+
+        return make
+
+    for column, (form, label, mime) in zip(st.columns(len(EXPORTS)), EXPORTS, strict=True):
+        column.download_button(
+            label,
+            maker(form),
+            file_name=f"feedscope-{subject}.{form}",
+            mime=mime,
+            key=f"{key}-{form}",
+        )

@@ -558,6 +558,90 @@ def show(db: Path | None, run_id: str, as_json: bool) -> None:
     _print_lines(terminal.diagnosis_lines(diagnosis["verdict"], diagnosis["recommendations"]))
 
 
+@cli.command()
+@_store_option
+@click.argument("subject", metavar="RUN")
+@click.option(
+    "--format",
+    "form",
+    type=click.Choice(["html", "md", "json"]),
+    default=None,
+    help="html (self-contained, works offline), md (a summary for a PR comment) or "
+    "json (everything).  [default: from -o's suffix, else md]",
+)
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="The file to write.  [default: standard output]")  # fmt: skip
+def report(db: Path | None, subject: str, form: str | None, output: Path | None) -> None:
+    """Write a report of a run (its id, a unique start of it, or `last`) or of a doctor or sweep
+    session (its id): verdict, recommendations, lanes, timelines, host, and the configuration
+    that reproduces it."""
+    from probe.report import build_report, render
+
+    suffixes = {".html": "html", ".htm": "html", ".md": "md", ".json": "json"}
+    form = form or suffixes.get(output.suffix.lower() if output else "", "md")
+    if output is not None and not output.parent.is_dir():
+        raise InputError(f"cannot write {output}: no folder {output.parent}")
+    with Store(db) as store:
+        text = render(build_report(store, subject), form)
+    if output is None:
+        click.echo(text, nl=False)
+        return
+    partial = output.with_name(output.name + ".partial")
+    try:
+        partial.write_text(text, encoding="utf-8")
+        partial.replace(output)  # never half a report under the name asked for
+    except OSError as error:
+        partial.unlink(missing_ok=True)
+        raise InputError(f"cannot write {output}: {error.strerror or error}") from None
+    click.echo(f"wrote {output} ({form}, {len(text.encode()) / 1e6:.1f} MB)", err=True)
+
+
+@cli.command()
+@_store_option
+@click.argument("run_id", metavar="RUN")
+@click.option(
+    "--max-data-wait",
+    metavar="F",
+    help="Most data-wait a lane may have: a share (0.2) or a percentage (20%).",
+)
+@click.option(
+    "--min-images-per-s", type=float, metavar="N", help="Fewest images/s a lane may deliver."
+)
+@click.option(
+    "--max-batch-latency-p99-ms",
+    type=float,
+    metavar="M",
+    help="Longest 99th-percentile batch latency (wait plus step) a lane may have.",
+)
+@_json_option
+def check(db: Path | None, run_id: str, max_data_wait: str | None,
+          min_images_per_s: float | None, max_batch_latency_p99_ms: float | None,
+          as_json: bool) -> None:  # fmt: skip
+    """Gate on a run (its id, a unique start of it, or `last`): exit 0 when every lane meets
+    every threshold given, 1 when one misses (each miss printed) or the run did not complete."""
+    from probe.gate import Thresholds, check_run, parse_share
+    from probe.summary import run_document
+
+    thresholds = Thresholds(
+        None if max_data_wait is None else parse_share(max_data_wait),
+        min_images_per_s,
+        max_batch_latency_p99_ms,
+    )
+    thresholds.check()
+    with Store(db) as store:
+        result = check_run(run_document(store, store.run(run_id).run_id), thresholds)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+    elif result["passed"]:
+        click.echo(f"run {result['run_id']}: every lane meets {thresholds.text()}", err=True)
+    else:
+        click.echo(f"run {result['run_id']} fails the check ({thresholds.text()}):", err=True)
+        for miss in result["misses"]:
+            click.echo(f"  {miss}", err=True)
+    if not result["passed"]:
+        sys.exit(EXIT_FAILED)
+
+
 def _show_session(document: dict[str, Any], as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(document, indent=2))

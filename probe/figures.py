@@ -65,6 +65,19 @@ def lane_timelines(series: RunSeries) -> go.Figure:
     return _layout(figure, title, height=200 * rows + 100)
 
 
+def run_figures(series: RunSeries, histogram: LatencyHistogram | None) -> list[go.Figure]:
+    """A run's charts, in the order the Run page and the reports show them: lanes (data-wait
+    against GPU busy-ness), throughput and latency, the latency histogram, GPUs, CPU per core."""
+    out = [lane_timelines(series), throughput_timelines(series)]
+    if histogram is not None:
+        out.append(latency_histogram(histogram))
+    if series.gpus:
+        out.append(gpu_timelines(series))
+    if series.cpu is not None:
+        out.append(cpu_heat_strip(series.cpu, series.span_s))
+    return out
+
+
 def throughput_timelines(series: RunSeries) -> go.Figure:
     """Images/s and batch latency (mean, and the worst per interval) of every lane."""
     figure = make_subplots(
@@ -279,8 +292,7 @@ def sweep_curve(
 
 
 def compare_bars(rows: Sequence[dict[str, Any]]) -> go.Figure:
-    """Runs side by side: images/s, data-wait, GPU busy-ness and CPU. Each row needs `name`,
-    `images_per_s`, `data_wait_frac`, `sm_active_pct`, `sm_active_source`, `cpu_cores`."""
+    """Runs side by side: images/s, data-wait, GPU busy-ness and CPU (rows: `run_brief`s)."""
     names = [row["name"] for row in rows]
     sources = {row.get("sm_active_source") for row in rows} - {None}
     busy = "SM activity % (GPM)" if sources == {"gpm"} else "GPU busy % (GPM or NVML kernel-active)"

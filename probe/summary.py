@@ -8,6 +8,7 @@ whole iteration (wait plus step). GPU figures are means over the same window, of
 
 from __future__ import annotations
 
+import shlex
 import statistics
 from collections.abc import Sequence
 from typing import Any, TypeVar
@@ -144,6 +145,64 @@ def run_document(store: Store, run_id: str) -> dict[str, Any]:
         ],
         "lanes": lanes,
     }
+
+
+def run_brief(document: dict[str, Any]) -> dict[str, Any]:
+    """A run's headline figures, for comparing runs side by side: images/s, the worst lane's
+    data-wait, the lanes' mean GPU busy-ness (and its metric, where all lanes share one), and
+    the CPU cores its lanes used."""
+    lanes = document["lanes"]
+    busy = [x["sm_active_pct"] for x in lanes if x["sm_active_pct"] is not None]
+    sources = {x["sm_active_source"] for x in lanes} - {None}
+    waits = [x["data_wait_frac"] for x in lanes if x["data_wait_frac"] is not None]
+    cpu = [x["cpu_pct"] for x in lanes if x.get("cpu_pct") is not None]
+    return {
+        "run": document["run_id"],
+        "name": document["label"] or f"{document['pipeline']} {document['run_id'][-4:]}",
+        "label": document["label"],
+        "pipeline": document["pipeline"],
+        "consumer": document["consumer"],
+        "status": document["status"],
+        "images_per_s": document["images_per_s"],
+        "data_wait_frac": max(waits) if waits else None,
+        "sm_active_pct": sum(busy) / len(busy) if busy else None,
+        "sm_active_source": sources.pop() if len(sources) == 1 else None,
+        "cpu_cores": sum(cpu) / 100 if cpu else None,
+    }
+
+
+def reproduce_command(document: dict[str, Any]) -> str:
+    """The `probe run` command line that measures a run's configuration again."""
+    config = document["config"]
+    spec = config["spec"]
+    gpus = [lane["gpu"] for lane in config["lanes"]]
+    loader, dali = spec["dataloader"], spec["dali"]
+    options: list[tuple[str, object]] = [
+        ("--pipeline", config["pipeline"]),
+        ("--data", spec["data_dir"]),
+        ("--gpus", "none" if None in gpus else ",".join(map(str, gpus))),
+        ("--num-shards", config["lanes"][0]["num_shards"]),
+        ("--batch-size", spec["batch_size"]),
+        ("--image-size", spec["image_size"]),
+    ]
+    if config["pipeline"] == "dali":
+        options += [("--threads", dali["num_threads"]), ("--decoder", dali["decoder"])]
+    else:
+        options += [("--workers", loader["num_workers"]), ("--dtype", loader["output_dtype"])]
+    options += [
+        ("--consumer", config["consumer"]),
+        ("--warmup", config["warmup"]),
+        ("--batches", config["batches"]),
+        ("--duration", config["duration_s"]),
+        ("--sample-hz", config["sample_hz"]),
+    ]
+    words = ["probe", "run"]
+    for flag, value in options:
+        if value is not None:
+            words += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+    if spec["skip_corrupt"]:
+        words.append("--skip-corrupt")
+    return shlex.join(words)
 
 
 _Timed = TypeVar("_Timed", GpuSample, LaneCpuSample)

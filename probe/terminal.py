@@ -28,7 +28,7 @@ def live_table(lanes: Sequence[Any]) -> Table:
             state = f"warming up ({lane.warmup_batches})"
         table.add_row(
             str(lane.lane), lane.device, lane.shard, state, str(lane.batches),
-            "-" if rate is None else f"{rate:,.0f}", _pct(wait, 0),
+            "-" if rate is None else f"{rate:,.0f}", pct(wait, 0),
         )  # fmt: skip
     return table
 
@@ -53,10 +53,10 @@ def run_table(document: dict[str, Any]) -> Table:
             lane["status"],
             str(lane["batches"]),
             f"{lane['images_per_s']:,.0f}",
-            _pct(lane["data_wait_frac"]),
-            "/".join(_num(latency[k], 1) for k in ("p50", "p95", "p99")),
+            pct(lane["data_wait_frac"]),
+            "/".join(num(latency[k], 1) for k in ("p50", "p95", "p99")),
             gpu_busy(lane),
-            _num(lane.get("cpu_pct"), 0),
+            num(lane.get("cpu_pct"), 0),
         )
     return table
 
@@ -100,7 +100,7 @@ def runs_table(documents: Sequence[dict[str, Any]]) -> Table:
         table.add_row(
             d["run_id"], d["created"].replace("T", " ").rstrip("Z"), d["status"], d["pipeline"],
             d["consumer"], lanes_text(d), f"{d['images_per_s']:,.0f}",
-            _pct(mean_wait(d), 0), d["label"] or "",
+            pct(mean_wait(d), 0), d["label"] or "",
         )  # fmt: skip
     return table
 
@@ -125,7 +125,7 @@ def diagnosis_lines(
     wait = verdict["data_wait_frac"]
     head = f"verdict: {verdict['title']}"
     if severity != "none":
-        head += f" ({severity}: data-wait {_pct(wait)})"
+        head += f" ({severity}: data-wait {pct(wait)})"
     if verdict.get("partial"):
         head += " [partial: the run did not complete]"
     lines = [head] + [f"  - {item['text']}" for item in verdict["evidence"]]
@@ -165,7 +165,7 @@ def sweep_table(points: Sequence[dict[str, Any]], knob: str, document: dict[str,
             marks.append("oversubscribed: slower than the best")
         cpu = point.get("cpu_pct")
         table.add_row(
-            str(point[knob]), f"{point['images_per_s']:,.0f}", _pct(point["data_wait_frac"]),
+            str(point[knob]), f"{point['images_per_s']:,.0f}", pct(point["data_wait_frac"]),
             "-" if cpu is None else f"{cpu / 100:.1f}", ", ".join(marks), point["run_id"] or "",
         )  # fmt: skip
     for item in document.get("skipped", []):
@@ -179,7 +179,7 @@ def doctor_lines(document: dict[str, Any]) -> list[str]:
     dali = document["dali"]
     if dali["images_per_s"] is not None:
         dali_line = f"DALI ({dali['setting']}): {dali['images_per_s']:,.0f} images/s"
-        dali_line += f", data-wait {_pct(dali['data_wait_frac'])}"
+        dali_line += f", data-wait {pct(dali['data_wait_frac'])}"
         lines.append(dali_line + (f": {dali['advice']}" if dali.get("advice") else ""))
     else:
         lines.append(f"DALI: not measured: {dali['reason']}")
@@ -218,9 +218,11 @@ def bench_table(results: Sequence[BenchResult]) -> Table:
 _NUMERIC = {"batches", "images/s", "data-wait"}
 
 
-def _pct(value: float | None, digits: int = 1) -> str:
+def pct(value: float | None, digits: int = 1) -> str:
+    """A share as a percentage; '-' for none."""
     return "-" if value is None else f"{value:.{digits}%}"
 
 
-def _num(value: float | None, digits: int) -> str:
+def num(value: float | None, digits: int) -> str:
+    """A number with thousands separators; '-' for none."""
     return "-" if value is None else f"{value:,.{digits}f}"

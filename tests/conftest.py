@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
-from helpers import code_color, solid, write_jpeg
-from pipelines.sample_data import ensure_default_dataset
+from helpers import HOSTILE_FOLDER, HOSTILE_LABEL, code_color, probe_cli, solid, write_jpeg
+from pipelines.sample_data import SampleParams, ensure_default_dataset, make_sample_dataset
 
 
 @pytest.fixture(scope="session")
@@ -51,6 +54,44 @@ def sample_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("cache")
     ensure_default_dataset(cache_dir=root / "feedscope")
     return root
+
+
+SMALL = ["--gpus", "none", "--batch-size", "8", "--image-size", "64", "--warmup", "2"]
+
+
+@pytest.fixture(scope="session")
+def filled_store(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A store as a user's looks after real CPU probes: a doctor session, a labelled two-lane
+    run, a failed run (a truncated JPEG), a sweep, and a run on a hostile folder and label;
+    with each command's JSON document."""
+    root = tmp_path_factory.mktemp("filled")
+    photos = root / "photos"
+    make_sample_dataset(photos, SampleParams(count=48, classes=4, seed=5))
+    db = root / "store.db"
+
+    def probe(*args: Any, code: int = 0) -> dict[str, Any]:
+        result = probe_cli(*args, "--db", db, "--json", *SMALL)
+        assert result.returncode == code, result.stderr
+        return dict(json.loads(result.stdout))
+
+    out = {"db": db, "photos": photos}
+    out["doctor"] = probe("doctor", "--data", photos, "--budget", "45")
+    out["two"] = probe("run", "--data", photos, "--num-shards", "2", "--batches", "6",
+                       "--workers", "1", "--consumer", "sleep:15",
+                       "--label", "two-lanes")  # fmt: skip
+    broken = root / "broken"
+    shutil.copytree(photos, broken)
+    bad = broken / "class_03" / "zz_truncated.jpg"
+    bad.write_bytes((broken / "class_03" / "img_000003.jpg").read_bytes()[:500])
+    out["failed"] = probe("run", "--data", broken, "--num-shards", "2", "--batches", "8",
+                          "--workers", "1", code=1)  # fmt: skip
+    out["sweep"] = probe("sweep", "--data", photos, "--values", "1,2", "--budget", "30",
+                         "--consumer", "sleep:10")  # fmt: skip
+    hostile = root.joinpath(*HOSTILE_FOLDER)
+    shutil.copytree(photos, hostile)
+    out["hostile"] = probe("run", "--data", hostile, "--batches", "4", "--workers", "1",
+                           "--consumer", "sleep:5", "--label", HOSTILE_LABEL)  # fmt: skip
+    return out
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -1,9 +1,12 @@
-"""Test helpers: images whose colour tells which file they came from."""
+"""Test helpers: images whose colour tells which file they came from; the probe command."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -39,3 +42,47 @@ def write_jpeg(path: Path, pixels: np.ndarray, quality: int = 95) -> Path:
 
 def solid(color: tuple[int, int, int], height: int = 72, width: int = 96) -> np.ndarray:
     return np.broadcast_to(np.array(color, np.uint8), (height, width, 3)).copy()
+
+
+# A dataset folder whose path holds markup, and a label that does: what a report or a page shows
+# of them must stay text.
+HOSTILE_FOLDER = ("<script>window.pwned=1<", "script>")
+HOSTILE_LABEL = '<img src=x onerror="window.pwned=2">'
+
+
+def probe_cli(*args: Any, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """`python -m probe ARGS`, its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "probe", *map(str, args)],
+        capture_output=True, text=True, timeout=timeout, check=False,
+    )  # fmt: skip
+
+
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+def chromium() -> tuple[str | None, str | None]:
+    """Debian's Chromium for Playwright: its path, or why it cannot be had. With
+    FEEDSCOPE_REQUIRE_BROWSER=1 (CI sets it) a missing browser is an error, not a skip."""
+    import os
+    import shutil
+
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    missing = None
+    if path is None:
+        missing = "needs Debian's chromium package"
+    else:
+        try:
+            import playwright.sync_api  # noqa: F401
+        except ImportError:
+            missing = "needs playwright (the test extra)"
+    if missing is not None and os.environ.get("FEEDSCOPE_REQUIRE_BROWSER") == "1":
+        raise RuntimeError(f"the browser tests {missing}, and FEEDSCOPE_REQUIRE_BROWSER=1")
+    return path, missing

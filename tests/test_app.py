@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import base64
 import json
-import shutil
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,14 +20,6 @@ from probe.queries import running_runs
 from probe.store import RunStatus, Store
 
 APP = str(Path(__file__).resolve().parents[1] / "app" / "streamlit_app.py")
-SMALL = ["--gpus", "none", "--batch-size", "8", "--image-size", "64", "--warmup", "2"]
-
-
-def probe(*args: Any) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "probe", *map(str, args)],
-        capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
 
 
 def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:
@@ -50,30 +39,9 @@ def photos(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-@pytest.fixture(scope="module")
-def filled(tmp_path_factory: pytest.TempPathFactory, photos: Path) -> dict[str, Any]:
-    """A store as a user's looks after a doctor, a labelled two-lane run and a failed run."""
-    root = tmp_path_factory.mktemp("filled")
-    db = root / "store.db"
-    doctor = probe("doctor", "--data", photos, "--db", db, "--budget", "45", "--json", *SMALL)
-    assert doctor.returncode == 0, doctor.stderr
-    two = probe("run", "--data", photos, "--db", db, "--num-shards", "2", "--batches", "6",
-                "--workers", "1", "--consumer", "sleep:15", "--label", "two-lanes", "--json",
-                *SMALL)  # fmt: skip
-    assert two.returncode == 0, two.stderr
-    broken = root / "broken"
-    shutil.copytree(photos, broken)
-    bad = broken / "class_03" / "zz_truncated.jpg"
-    bad.write_bytes((broken / "class_03" / "img_000003.jpg").read_bytes()[:500])
-    failed = probe("run", "--data", broken, "--db", db, "--num-shards", "2", "--batches", "8",
-                   "--workers", "1", "--json", *SMALL)  # fmt: skip
-    assert failed.returncode == 1, failed.stderr
-    return {
-        "db": db,
-        "doctor": json.loads(doctor.stdout),
-        "two": json.loads(two.stdout),
-        "failed": json.loads(failed.stdout),
-    }
+@pytest.fixture
+def filled(filled_store: dict[str, Any]) -> dict[str, Any]:
+    return filled_store
 
 
 def app(
@@ -187,7 +155,10 @@ def test_runs_lists_every_run_with_its_verdict_and_filters(
     at = app(monkeypatch, filled["db"])
     no_errors(at)
     rows = table(at, "verdict")
-    expected = {*filled["doctor"]["run_ids"], filled["two"]["run_id"], filled["failed"]["run_id"]}
+    expected = {
+        *filled["doctor"]["run_ids"], *filled["sweep"]["run_ids"],
+        *(filled[name]["run_id"] for name in ("two", "failed", "hostile")),
+    }  # fmt: skip
     assert {row["run"] for row in rows} == expected
     failed = next(row for row in rows if row["run"] == filled["failed"]["run_id"])
     assert failed["status"] == "failed"
@@ -237,8 +208,11 @@ def test_the_run_page_shows_lanes_on_one_time_axis_and_the_diagnosis(
     assert all(len(values(t["x"])) > 0 for t in waits)
     assert lanes_figure["layout"]["xaxis"]["matches"] == "x2"  # one time axis
     assert figures[3]["data"][0]["type"] == "heatmap"
-    (download,) = at.get("download_button")
-    assert download.proto.label == "Download the run as JSON"
+    labels = [button.proto.label for button in at.get("download_button")]
+    assert labels == ["HTML report", "Markdown summary", "JSON (everything)"]
+    (command,) = [code.value for code in at.code]
+    assert command.startswith("probe run --pipeline torch --data ")
+    assert "--gpus none --num-shards 2 --batch-size 8" in command
 
 
 def test_a_doctor_run_shows_the_sessions_ranked_recommendations(
@@ -279,7 +253,7 @@ def test_an_unknown_run_in_the_address_falls_back_to_the_newest(
     at = app(monkeypatch, filled["db"], "run", run="run-nonesuch")
     no_errors(at)
     assert texts(at.warning)[0] == "No run run-nonesuch in the store; showing the newest."
-    assert at.selectbox(key="run-pick").value == filled["failed"]["run_id"]
+    assert at.selectbox(key="run-pick").value == filled["hostile"]["run_id"]
 
 
 def test_compare_puts_dataloader_and_dali_runs_side_by_side(
@@ -311,7 +285,8 @@ def test_compare_shows_the_sweep_curve_with_its_knee(
     at = app(monkeypatch, filled["db"], "compare")
     at.radio(key="compare-mode").set_value("a sweep or doctor session").run()
     no_errors(at)
-    assert at.selectbox(key="compare-session").value == doctor["session_id"]
+    assert at.selectbox(key="compare-session").value == filled["sweep"]["session_id"]  # newest
+    at.selectbox(key="compare-session").set_value(doctor["session_id"]).run()
     points = table(at, "num_workers")
     assert [p["num_workers"] for p in points] == [p["num_workers"] for p in doctor["sweep"]]
     (curve,) = charts(at)
@@ -321,6 +296,13 @@ def test_compare_shows_the_sweep_curve_with_its_knee(
     dali = f"{doctor['dali']['setting']}: {doctor['dali']['images_per_s']:,.0f} images/s"
     assert [a["text"] for a in curve["layout"]["annotations"]] == [dali]
     assert any(doctor["verdict"]["title"] in text for text in texts(at.markdown))
+
+
+def test_no_page_lets_html_through() -> None:
+    """Streamlit shows markup in labels and paths as text unless a page allows HTML."""
+    pages = Path(APP).parent
+    for source in [*pages.glob("*.py"), *pages.glob("views/*.py")]:
+        assert "unsafe_allow_html" not in source.read_text(), source
 
 
 # --- launching ---------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from helpers import solid, write_jpeg
 
@@ -130,3 +131,22 @@ def test_documented_run_json_keys_are_the_real_ones(tmp_path: Path) -> None:
     real |= {"source", "device", "metric", "reason"}  # an unavailable metric's keys
     assert documented <= real, documented - real
     assert set(lane) <= documented, "every lane key is documented"
+
+
+def test_documented_report_json_keys_are_the_real_ones(filled_store: dict[str, Any]) -> None:
+    example = re.search(r'```json\n(\{"schema": "feedscope.report/1".*?)```', README, re.DOTALL)
+    assert example is not None
+    documented = set(re.findall(r'"(\w+)":', example.group(1)))
+    result = subprocess.run(
+        [sys.executable, "-m", "probe", "report", filled_store["two"]["run_id"],
+         "--db", str(filled_store["db"]), "--format", "json"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    series, histogram = report["series"], report["latency_histogram"]
+    real = set(report) | set(series) | set(series["lanes"][0]) | set(series["cpu"])
+    real |= set(histogram) | set(histogram["lanes"][0])
+    shown = {"kind", "severity", "data_wait_frac", "title"}  # of the verdict's keys
+    assert shown <= set(report["verdict"])
+    assert documented == real | shown

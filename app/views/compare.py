@@ -8,6 +8,8 @@ import streamlit as st
 
 from app import common
 from probe import figures
+from probe.summary import run_brief
+from probe.terminal import pct
 
 
 def compare_runs(db: str, rows: list[dict[str, Any]]) -> None:
@@ -26,27 +28,10 @@ def compare_runs(db: str, rows: list[dict[str, Any]]) -> None:
     if len(chosen) < 2:
         st.info("Pick two or more runs.")
         return
-    bars = []
-    for run_id in chosen:
-        doc = common.document(db, run_id, common.version_of(by_id[run_id]))
-        lanes = doc["lanes"]
-        busy = [x["sm_active_pct"] for x in lanes if x["sm_active_pct"] is not None]
-        sources = {x["sm_active_source"] for x in lanes} - {None}
-        waits = [x["data_wait_frac"] for x in lanes if x["data_wait_frac"] is not None]
-        cpu = [x.get("cpu_pct") for x in lanes if x.get("cpu_pct") is not None]
-        bars.append(
-            {
-                "name": doc["label"] or f"{doc['pipeline']} {run_id[-4:]}",
-                "run": run_id,
-                "pipeline": doc["pipeline"],
-                "consumer": doc["consumer"],
-                "images_per_s": doc["images_per_s"],
-                "data_wait_frac": max(waits) if waits else None,
-                "sm_active_pct": sum(busy) / len(busy) if busy else None,
-                "sm_active_source": sources.pop() if len(sources) == 1 else None,
-                "cpu_cores": sum(cpu) / 100 if cpu else None,
-            }
-        )
+    bars = [
+        run_brief(common.document(db, run_id, common.version_of(by_id[run_id])))
+        for run_id in chosen
+    ]
     st.plotly_chart(figures.compare_bars(bars), width="stretch", key="compare-bars")
     st.dataframe(
         [
@@ -56,7 +41,7 @@ def compare_runs(db: str, rows: list[dict[str, Any]]) -> None:
                 "pipeline": b["pipeline"],
                 "consumer": b["consumer"],
                 "images/s": round(b["images_per_s"]),
-                "data-wait": common.pct(b["data_wait_frac"]),
+                "data-wait": pct(b["data_wait_frac"]),
                 "GPU busy %": None if b["sm_active_pct"] is None else round(b["sm_active_pct"]),
                 "busy metric": {"gpm": "SM activity (GPM)", "nvml": "kernel-active (NVML)"}.get(
                     b["sm_active_source"] or "", "-"
@@ -99,6 +84,7 @@ def compare_session() -> None:
         ),
     )
     doc = next(s.document for s in sessions if s.session_id == chosen)
+    common.export_buttons(common.db_path(), str(chosen), "compare-export")
     doctor = doc["schema"].startswith("feedscope.doctor")
     points = doc["sweep"] if doctor else doc["points"]
     knob = "num_workers" if doctor else doc.get("knob", "num_workers")
@@ -117,7 +103,7 @@ def compare_session() -> None:
                 {
                     knob: p[knob],
                     "images/s": round(p["images_per_s"]),
-                    "data-wait": common.pct(p["data_wait_frac"]),
+                    "data-wait": pct(p["data_wait_frac"]),
                     "CPU cores": "-" if p["cpu_pct"] is None else f"{p['cpu_pct'] / 100:.1f}",
                     "run": p["run_id"],
                 }

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import streamlit as st
 
 from app import common
 from probe import figures
+from probe.summary import reproduce_command
+from probe.terminal import gpu_busy, pct
 
 
 def pick_run(rows: list[dict[str, Any]]) -> str | None:
@@ -52,7 +53,7 @@ def header(doc: dict[str, Any]) -> None:
     waits = [x["data_wait_frac"] for x in doc["lanes"] if x["data_wait_frac"] is not None]
     cols = st.columns(4)
     cols[0].metric("images/s, all lanes", f"{doc['images_per_s']:,.0f}")
-    cols[1].metric("worst data-wait", common.pct(max(waits) if waits else None))
+    cols[1].metric("worst data-wait", pct(max(waits) if waits else None))
     cols[2].metric("lanes", len(doc["lanes"]))
     seconds = doc["seconds"]
     cols[3].metric("run took", "-" if seconds is None else f"{seconds:,.1f} s")
@@ -65,12 +66,12 @@ def header(doc: dict[str, Any]) -> None:
                 "status": x["status"],
                 "batches": x["batches"],
                 "images/s": round(x["images_per_s"]),
-                "data-wait": common.pct(x["data_wait_frac"]),
+                "data-wait": pct(x["data_wait_frac"]),
                 "latency p50/p95/p99 ms": "/".join(
                     "-" if x["batch_latency_ms"][k] is None else f"{x['batch_latency_ms'][k]:.1f}"
                     for k in ("p50", "p95", "p99")
                 ),
-                "GPU busy": _busy(x),
+                "GPU busy": gpu_busy(x),
                 "CPU cores": "-" if x.get("cpu_pct") is None else f"{x['cpu_pct'] / 100:.1f}",
                 "reason": x["reason"] or "",
             }
@@ -82,20 +83,12 @@ def header(doc: dict[str, Any]) -> None:
     )
 
 
-def _busy(lane: dict[str, Any]) -> str:
-    if lane["sm_active_source"] == "gpm":
-        return f"SM activity {lane['sm_active_pct']:.0f}% (GPM)"
-    if lane["sm_active_source"] == "nvml":
-        return f"kernel-active {lane['sm_active_pct']:.0f}% (NVML)"
-    return "-"
-
-
 def diagnosis(diag: dict[str, Any], session: dict[str, Any] | None) -> None:
     st.subheader("Diagnosis")
     verdict = diag["verdict"]
     title = verdict["title"]
     if verdict["severity"] != "none":
-        title += f" ({verdict['severity']}: data-wait {common.pct(verdict['data_wait_frac'])})"
+        title += f" ({verdict['severity']}: data-wait {pct(verdict['data_wait_frac'])})"
     if diag["partial"]:
         title += " - partial: the run did not complete"
     (st.error if verdict["severity"] == "high" else st.warning if verdict["severity"] ==
@@ -164,17 +157,8 @@ def main() -> None:
                 f"Downsampled to {series.bucket_s:.1f} s intervals: shaded bands run from each "
                 "interval's lowest to its highest sample, so peaks and dips stay visible."
             )
-        st.plotly_chart(figures.lane_timelines(series), width="stretch", key="run-lanes-fig")
-        st.plotly_chart(figures.throughput_timelines(series), width="stretch", key="run-tp")
-        histogram = view["histogram"]
-        if histogram:
-            st.plotly_chart(figures.latency_histogram(histogram), width="stretch", key="run-hist")
-        if series.gpus:
-            st.plotly_chart(figures.gpu_timelines(series), width="stretch", key="run-gpus")
-        if series.cpu is not None:
-            st.plotly_chart(
-                figures.cpu_heat_strip(series.cpu, series.span_s), width="stretch", key="run-cpu"
-            )
+        for index, figure in enumerate(figures.run_figures(series, view["histogram"])):
+            st.plotly_chart(figure, width="stretch", key=f"run-figure-{index}")
     unavailable = doc["unavailable_metrics"]
     if unavailable:
         st.caption(
@@ -182,17 +166,12 @@ def main() -> None:
             + "; ".join(f"{u['metric']} ({u['reason']})" for u in unavailable[:12])
         )
     with st.expander("Configuration (to reproduce the run)"):
+        st.code(reproduce_command(doc), language="bash")
         st.json(doc["config"])
     with st.expander("Host"):
         st.json(doc["host"])
-    report = {**doc, "diagnosis": view["diagnosis"]}
-    st.download_button(
-        "Download the run as JSON",
-        json.dumps(report, indent=2),
-        file_name=f"feedscope-{run_id}.json",
-        mime="application/json",
-        key="run-export-json",
-    )
+    st.markdown("**Export** (the same reports as `probe report`)")
+    common.export_buttons(db, run_id, "run-export")
 
 
 main()

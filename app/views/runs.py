@@ -10,6 +10,7 @@ import streamlit as st
 from app import common
 from probe import launch
 from probe.devices import cuda_devices
+from probe.terminal import pct
 
 
 def welcome() -> None:
@@ -65,7 +66,7 @@ def main() -> None:
                 "consumer": row["consumer"],
                 "devices": row["devices"],
                 "images/s": round(row["images_per_s"]),
-                "data-wait": common.pct(row["data_wait_frac"]),
+                "data-wait": pct(row["data_wait_frac"]),
                 "verdict": verdict["title"] + (" (partial)" if verdict["partial"] else ""),
                 "created (UTC)": row["created"].replace("T", " ").rstrip("Z"),
             }

@@ -2,9 +2,10 @@
 
 Writes one run into a fresh store: 8 GPUs sampled at 10 Hz for an hour (288,000 GPU rows), the
 host at 10 Hz with 128 cores, the lanes' CPU, and 10 batches a second per lane; then opens the
-Run page on it (Streamlit's AppTest, the page as a browser session would run it) and prints a
-table of how long each part took. The samples are synthetic (smooth load with dips and bursts):
-the store cannot tell, and opening a run reads them as it reads any other.
+Run page on it (Streamlit's AppTest, the page as a browser session would run it) and writes its
+reports with `probe report` (the whole command, start-up included), and prints a table of how
+long each part took and how large each report is. The samples are synthetic (smooth load with dips
+and bursts): the store cannot tell, and opening a run reads them as it reads any other.
 
     python tests/benchmarks/dashboard_scale.py [--hours 1] [--gpus 8] [--repeat 3]
 """
@@ -16,6 +17,8 @@ import math
 import os
 import random
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -23,8 +26,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from pipelines.spec import DataLoaderOptions, PipelineSpec
 from probe.diagnose import diagnose_run
-from probe.figures import cpu_heat_strip, gpu_timelines, lane_timelines, throughput_timelines
+from probe.figures import run_figures
 from probe.queries import latency_histogram, run_series
 from probe.samplers import GpuSample, HostSample, LaneCpuSample
 from probe.store import BatchEvent, LaneRecord, RunRecord, RunStatus, Store
@@ -43,11 +47,15 @@ def write_run(store: Store, hours: float, gpus: int, hz: float = 10.0) -> str:
         "cpus": 128,
         "gpus": [{"index": i, "uuid": u, "name": "NVIDIA H200"} for i, u in enumerate(uuids)],
     }
-    spec = {"batch_size": 256, "dataloader": {"num_workers": 16}, "dali": {}}
+    spec = PipelineSpec("/data/imagenet/train", 256, dataloader=DataLoaderOptions(num_workers=16))
+    config = {
+        "pipeline": "torch", "spec": spec.as_dict(), "consumer": "model:resnet50",
+        "warmup": 5, "batches": None, "duration_s": hours * 3600, "sample_hz": hz,
+        "lanes": [{"lane": i, "gpu": i, "shard_id": i, "num_shards": gpus} for i in range(gpus)],
+    }  # fmt: skip
     run = RunRecord(
         run_id, "probe", "2026-11-21T00:00:00Z", RunStatus.RUNNING, None, "torch",
-        "model:resnet50", "scale benchmark", {"pipeline": "torch", "spec": spec}, host, "scale",
-        None, 0, None,
+        "model:resnet50", "scale benchmark", config, host, "scale", None, 0, None,
     )  # fmt: skip
     lanes = [
         LaneRecord(run_id, i, i, u, i, gpus, "scale", None, RunStatus.RUNNING, None, None)
@@ -89,16 +97,6 @@ def write_run(store: Store, hours: float, gpus: int, hz: float = 10.0) -> str:
     return run_id
 
 
-def draw(series: object) -> list[object]:
-    """The Run page's figures."""
-    return [
-        lane_timelines(series),
-        throughput_timelines(series),
-        gpu_timelines(series),
-        cpu_heat_strip(series.cpu, series.span_s),  # type: ignore[attr-defined]
-    ]
-
-
 def timed(work: object) -> tuple[float, object]:
     started = time.perf_counter()
     result = work()  # type: ignore[operator]
@@ -132,13 +130,12 @@ def main() -> None:
                     "series (SQL, downsampled)": lambda: run_series(store, str(run_id)),
                     "latency histogram": lambda: latency_histogram(store, str(run_id)),
                 }
-                series = None
+                results = {}
                 for name, work in parts.items():
-                    took, result = timed(work)
+                    took, results[name] = timed(work)
                     rows.setdefault(name, []).append(took)
-                    if name.startswith("series"):
-                        series = result
-                took, _ = timed(lambda drawn=series: draw(drawn))
+                drawn = (results["series (SQL, downsampled)"], results["latency histogram"])
+                took, _ = timed(lambda drawn=drawn: run_figures(*drawn))  # type: ignore[misc]
                 rows.setdefault("figures (plotly)", []).append(took)
             st.cache_data.clear()  # every open measured cold, as a first visit is
             page = AppTest.from_file(str(APP), default_timeout=60)
@@ -148,6 +145,15 @@ def main() -> None:
             took, _ = timed(page.run)
             assert not page.exception, [e.value for e in page.exception]
             rows.setdefault("Run page opened cold, all of it (AppTest)", []).append(took)
+            for form in ("html", "md", "json"):
+                out = Path(scratch) / f"report.{form}"
+                command = [sys.executable, "-m", "probe", "report", str(run_id), "--db", str(db),
+                           "-o", str(out)]  # fmt: skip
+                took, _ = timed(
+                    lambda command=command: subprocess.run(command, check=True, capture_output=True)
+                )
+                name = f"probe report -o report.{form} ({out.stat().st_size / 1e6:.1f} MB)"
+                rows.setdefault(name, []).append(took)
     table = Table(title=f"Opening a run of {args.hours:g} h on {args.gpus} GPUs at 10 Hz "
                   f"({counts['gpu']:,} GPU rows)")  # fmt: skip
     for column in ("part", "median s", "each run"):
