@@ -1,4 +1,8 @@
 """Measure, store, diagnose, report: the `probe` command and its library.
 
-Imports `pipelines`; never `app`.
+Imports `pipelines`; never `app`. `from probe import watch` records your own training loop.
 """
+
+from probe.watching import watch
+
+__all__ = ["watch"]

@@ -52,8 +52,9 @@ from probe.bench import BenchResult, bench_pipeline, describe_settings
 from probe.consumers import check_model, parse_consumer
 from probe.store import RunStatus, Store
 
-if TYPE_CHECKING:  # imported where used: it brings torch
-    from probe.runner import ProbeConfig
+if TYPE_CHECKING:
+    from probe.distributed import Rank
+    from probe.runner import ProbeConfig  # imported where used: it brings torch
 
 BENCH_SCHEMA = "feedscope.bench/1"
 EXIT_FAILED, EXIT_INTERRUPTED = 1, 130
@@ -336,6 +337,9 @@ def bench(
     help="Measured seconds per lane.  [default: 10 unless --batches is given]",
 )
 @click.option("--label", default=None, help="A name for the run, shown in listings.")  # fmt: skip
+@click.option("--no-gather", is_flag=True,
+              help="Under torchrun: each rank adds its lane to its own --db (a store per node, "
+                   "joined later by probe merge) instead of sending it to rank 0.")  # fmt: skip
 def run(
     pipeline: PipelineArgs,
     lanes: LaneArgs,
@@ -345,17 +349,28 @@ def run(
     batches: int | None,
     duration: float | None,
     label: str | None,
+    no_gather: bool,
 ) -> None:
     """Run a pipeline on the chosen GPUs and shards, sample the hardware, and record it all.
 
     One process per GPU, lane i reading shard i of N, as DDP training does; with --gpus none,
     one CPU lane per shard. Ctrl-C stops the run and keeps what it recorded.
+
+    Under torchrun, one lane per rank: it drives cuda:LOCAL_RANK (or the CPU with --gpus none)
+    and reads shard RANK of WORLD_SIZE; rank 0 records the run with every rank's lane.
     """
+    from probe.distributed import torchrun_rank
     from probe.runner import run_probe
-    from probe.summary import run_document
 
     if duration is None and batches is None:
         duration = 10.0
+    rank = torchrun_rank()
+    if rank is not None:
+        _run_ranked(rank, pipeline, lanes, as_json, db, Backend(backend), batches, duration,
+                    label, gather=not no_gather)  # fmt: skip
+        return
+    if no_gather:
+        raise InputError("--no-gather is for runs under torchrun")
     config, store = _prepare(pipeline, lanes, db, Backend(backend), batches, duration, label)
     _announce(config, lanes, store, pipeline)
     stop = threading.Event()
@@ -370,7 +385,13 @@ def run(
             on_update=lambda states: live.update(terminal.live_table(states)),
             on_start=lambda run_id: _err.print(f"run {run_id}"),
         )
+    _print_run(store, run_id, as_json)
+
+
+def _print_run(store: Store, run_id: str, as_json: bool) -> None:
+    """A finished run's table, notes and diagnosis (or its JSON); exits as its status says."""
     from probe.diagnose import diagnose_run
+    from probe.summary import run_document
 
     document = run_document(store, run_id)
     diagnosis = diagnose_run(store, run_id).as_dict()
@@ -382,6 +403,80 @@ def run(
         _print_lines(terminal.run_notes(document))
         _print_lines(terminal.diagnosis_lines(diagnosis["verdict"], diagnosis["recommendations"]))
     _exit_for(document["status"])
+
+
+def _run_ranked(
+    rank: Rank,
+    pipeline: PipelineArgs,
+    lanes: LaneArgs,
+    as_json: bool,
+    db: Path | None,
+    backend: Backend,
+    batches: int | None,
+    duration: float | None,
+    label: str | None,
+    gather: bool,
+) -> None:
+    """`probe run` as one rank of a torchrun launch."""
+    from probe import distributed
+    from probe.runner import new_run_id, run_probe
+
+    if lanes.gpus not in (None, "none"):
+        raise InputError(
+            "under torchrun each rank drives cuda:LOCAL_RANK: leave --gpus out, or give "
+            "--gpus none for the CPU"
+        )
+    if lanes.num_shards not in (None, rank.world_size):
+        raise InputError(
+            f"under torchrun rank i reads shard i of WORLD_SIZE ({rank.world_size}): leave "
+            f"--num-shards out (got {lanes.num_shards})"
+        )
+    distributed.connect(rank)
+    try:
+        prepared = None
+        errors: list[str | None] = [None] * rank.world_size
+        for turn in (0, 1):  # each node's local rank 0 first: it writes the sample data once
+            if (rank.local_rank == 0) == (turn == 0):
+                try:
+                    prepared = _prepare(pipeline, lanes, db, backend, batches, duration, label,
+                                        rank=rank)  # fmt: skip
+                except InputError as error:
+                    errors[rank.rank] = str(error)
+            distributed.barrier()
+        errors = distributed.all_errors(errors[rank.rank])
+        if prepared is None or any(errors):
+            first = next(e for e in errors if e)
+            raise InputError(first if rank.rank == 0 else f"rank {errors.index(first)}: {first}")
+        config, store = prepared
+        if rank.rank == 0:
+            _announce(config, lanes, store, pipeline)
+        run_id = distributed.shared_run_id(rank, new_run_id)
+        stop = threading.Event()
+        with (
+            _stopping_on_signals(stop),
+            Live(console=_err, refresh_per_second=4, transient=True) as live,
+        ):
+            show = rank.rank == 0 and _err.is_terminal
+            failures = distributed.run_ranked(
+                rank,
+                lambda local, run_id: run_probe(
+                    config, local, stop=stop, run_id=run_id,
+                    on_update=(lambda states: live.update(terminal.live_table(states)))
+                    if show else None,
+                ),
+                store,
+                run_id,
+                gather=gather,
+            )  # fmt: skip
+    finally:
+        distributed.disconnect()
+    for failure in failures:
+        _err.print(f"not recorded: {failure}", markup=False)
+    if rank.rank == 0:
+        _print_run(store, run_id, as_json)
+    store.close()
+    where = "rank 0's store" if gather else str(store.path)
+    _err.print(f"rank {rank.rank}: lane {rank.rank} of run {run_id} recorded in {where}")
 
 
 @cli.command()
@@ -642,6 +737,37 @@ def check(db: Path | None, run_id: str, max_data_wait: str | None,
         sys.exit(EXIT_FAILED)
 
 
+@cli.command()
+@click.argument(
+    "sources",
+    metavar="DB...",
+    nargs=-1,
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+)
+@_store_option
+def merge(sources: tuple[Path, ...], db: Path | None) -> None:
+    """Add the runs of other stores to this one (--db).
+
+    A run already here gets the lanes it lacks: the nodes of a torchrun probe with --no-gather,
+    or of a watched DDP job, each wrote their lanes to a store of their own.
+    """
+    with Store(db) as store:
+        for source in sources:
+            if not source.is_file():
+                raise InputError(f"no store at {source}")
+            if source.resolve() == store.path.resolve():
+                raise InputError(f"{source} is the store merged into (--db): give other stores")
+            with Store(source) as other:
+                for run in reversed(other.runs()):
+                    added = store.import_run(other.export_run(run.run_id))
+                    what = f"lanes {', '.join(map(str, added))}" if added else "nothing new"
+                    _err.print(f"{source}: run {run.run_id}: {what}", markup=False)
+                for session in other.sessions():
+                    if session.session_id not in {s.session_id for s in store.sessions()}:
+                        store.save_session(session)
+
+
 def _show_session(document: dict[str, Any], as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(document, indent=2))
@@ -662,17 +788,22 @@ def _prepare(
     batches: int | None,
     duration: float | None,
     label: str | None,
+    rank: Rank | None = None,
 ) -> tuple[ProbeConfig, Store]:
     """Checks everything a probe needs, cheapest first; opens the store; then resolves the data
-    (generating the sample data on first use)."""
+    (generating the sample data on first use). Under torchrun, the rank's one lane."""
     from probe.devices import cuda_devices, select_gpus
-    from probe.runner import ProbeConfig, check_config, plan_lanes
+    from probe.runner import ProbeConfig, check_config, plan_lanes, rank_plan
 
     consumer = parse_consumer(lanes.consumer)
     check_model(consumer)
-    chosen = select_gpus(lanes.gpus, cuda_devices())
-    plans = plan_lanes(chosen, lanes.num_shards)
-    spec = pipeline.spec(None, max(1, available_cpus() // len(plans)))
+    if rank is None:
+        plans = plan_lanes(select_gpus(lanes.gpus, cuda_devices()), lanes.num_shards)
+        lanes_here = len(plans)
+    else:
+        plans = (rank_plan(rank, cuda_devices() if lanes.gpus != "none" else []),)
+        lanes_here = rank.local_world_size
+    spec = pipeline.spec(None, max(1, available_cpus() // lanes_here))
     config = ProbeConfig(
         backend=backend,
         spec=spec,
@@ -683,6 +814,7 @@ def _prepare(
         duration_s=duration,
         sample_hz=lanes.sample_hz,
         label=label,
+        torchrun=rank is not None,
     )
     check_backend(backend)
     store = Store(db)
@@ -695,7 +827,13 @@ def _announce(config: ProbeConfig, lanes: LaneArgs, store: Store, pipeline: Pipe
     from probe.devices import cuda_devices, describe
 
     devices = [p.device for p in config.lanes if p.device is not None]
-    if not devices:
+    if config.torchrun:
+        plan = config.lanes[0]
+        where = (
+            f"{plan.num_shards} torchrun ranks, rank i reading shard i of {plan.num_shards} on "
+            + ("cuda:LOCAL_RANK" if devices else "the CPU")
+        )
+    elif not devices:
         visible = "" if cuda_devices() else " (no CUDA GPU visible)"
         where = f"the CPU, {len(config.lanes)} lane(s){visible}"
     else:

@@ -161,6 +161,7 @@ class LaneFacts:
     num_threads: int | None  # DALI
     decoder: str | None
     on_gpu: bool
+    hostname: str
     host_cpus: int
     lanes_on_host: int
     host_cpu_pct: float | None  # busy share of all cores
@@ -216,7 +217,7 @@ def lane_facts(store: Store, run: RunRecord, lane: LaneRecord) -> LaneFacts:
     stats = store.batch_stats(run.run_id, lane.lane)
     host: dict[str, float | None] = {}
     if stats["n"]:
-        host = store.host_means(run.run_id, stats["start_ns"], stats["end_ns"])
+        host = store.host_means(run.run_id, lane.hostname, stats["start_ns"], stats["end_ns"])
     spec = run.config.get("spec", {})
     loader, dali = spec.get("dataloader", {}), spec.get("dali", {})
     torch_lane = run.pipeline == "torch"
@@ -237,7 +238,8 @@ def lane_facts(store: Store, run: RunRecord, lane: LaneRecord) -> LaneFacts:
         num_threads=None if torch_lane else dali.get("num_threads"),
         decoder=None if torch_lane else _dali_decoder(dali, lane),
         on_gpu=lane.gpu_index is not None,
-        host_cpus=int(run.host.get("cpus") or 1),
+        hostname=lane.hostname,
+        host_cpus=int(run.host.get("nodes", {}).get(lane.hostname, run.host).get("cpus") or 1),
         lanes_on_host=sum(1 for x in store.lanes(run.run_id) if x.hostname == lane.hostname),
         host_cpu_pct=host.get("cpu_pct"),
         iowait_pct=host.get("iowait_pct"),
@@ -415,14 +417,16 @@ def _across_lanes(facts: Sequence[LaneFacts], verdicts: Sequence[Verdict]) -> li
     out = []
     worst_wait = max(f.data_wait_frac or 0.0 for f, _ in measured)
     rates = [f.images_per_s for f, _ in measured]
+    several_hosts = len({f.hostname for f, _ in measured}) > 1
     if (max(rates) - min(rates)) / max(rates) > IMBALANCE:
+        # Under DDP every step waits for the slowest rank: its rate is everybody's.
         slowest = min(measured, key=lambda item: item[0].images_per_s)[0]
         evidence = tuple(
             Evidence(
                 "images_per_s",
                 f.images_per_s,
-                f"lane {f.lane}: {f.images_per_s:,.0f} images/s, "
-                f"data-wait {_pct(f.data_wait_frac)}",
+                f"lane {f.lane}{f' on {f.hostname}' if several_hosts else ''}: "
+                f"{f.images_per_s:,.0f} images/s, data-wait {_pct(f.data_wait_frac)}",
             )
             for f, _ in measured
         )
@@ -430,23 +434,28 @@ def _across_lanes(facts: Sequence[LaneFacts], verdicts: Sequence[Verdict]) -> li
         out.append(
             Verdict(VerdictKind.SHARD_IMBALANCE, severity, worst_wait, evidence, slowest.lane)
         )
-    starved = [f for f, v in measured if v.kind in STARVED]
-    host = measured[0][0]
-    if len(starved) >= 2 and (host.host_cpu_pct or 0.0) >= CPU_SATURATED_PCT:
+    for hostname in dict.fromkeys(f.hostname for f, _ in measured):  # CPU is shared per host
+        starved = [f for f, v in measured if v.kind in STARVED and f.hostname == hostname]
+        if len(starved) < 2 or (starved[0].host_cpu_pct or 0.0) < CPU_SATURATED_PCT:
+            continue
+        host = starved[0]
+        on = f" of {hostname}" if several_hosts else ""
         evidence = (
             Evidence(
                 "host_cpu_pct",
                 host.host_cpu_pct,
-                f"host CPU {host.host_cpu_pct:.0f}% busy (saturated from {CPU_SATURATED_PCT:.0f}%)",
+                f"host{on} CPU {host.host_cpu_pct:.0f}% busy "
+                f"(saturated from {CPU_SATURATED_PCT:.0f}%)",
             ),
             Evidence(
                 "lanes",
                 float(host.lanes_on_host),
-                f"{host.lanes_on_host} lanes' loaders share {host.host_cpus} cores: "
+                f"{host.lanes_on_host} lanes' loaders share {host.host_cpus} cores{on}: "
                 f"{host.cores_per_lane:g} each",
             ),
         )
-        out.append(Verdict(VerdictKind.SHARED_CORES, severity_of(worst_wait), worst_wait, evidence))
+        wait = max(f.data_wait_frac or 0.0 for f in starved)
+        out.append(Verdict(VerdictKind.SHARED_CORES, severity_of(wait), wait, evidence))
     return out
 
 

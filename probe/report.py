@@ -220,9 +220,10 @@ def html_page(report: Report) -> str:
             )
         parts += [_figure(chart) for chart in charts]
     parts.append(_host_html(doc))
+    command = reproduce_command(doc) or "# a watched training loop: run your training again"
     parts.append(
         "<h2>To reproduce it</h2>"
-        f"<pre>{_h(reproduce_command(doc))}</pre>"
+        f"<pre>{_h(command)}</pre>"
         "<details><summary>The run's whole configuration</summary>"
         f"<pre>{_h(json.dumps(doc['config'], indent=1))}</pre></details>"
     )

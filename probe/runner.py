@@ -28,6 +28,7 @@ from pipelines import Backend, InputError, PipelineSpec, available_cpus, check_b
 from pipelines.dataset import read_order, shard
 from probe.consumers import ConsumerSpec, model_note
 from probe.devices import CudaDevice, cuda_devices
+from probe.distributed import Rank
 from probe.lane import LaneJob, lane_main
 from probe.recorder import Recorder
 from probe.samplers.host import HostSampler, host_facts, pid_alive
@@ -69,6 +70,24 @@ def plan_lanes(gpus: Sequence[CudaDevice] | None, num_shards: int | None) -> tup
     return tuple(LanePlan(i, gpu, i, shards) for i, gpu in enumerate(gpus))
 
 
+def rank_plan(rank: Rank, gpus: Sequence[CudaDevice]) -> LanePlan:
+    """A torchrun rank's lane: cuda:LOCAL_RANK (the CPU when `gpus` is empty), shard RANK of
+    WORLD_SIZE.
+
+    Raises:
+        InputError: GPUs are visible but fewer than the node's ranks.
+    """
+    device = None
+    if gpus:
+        if rank.local_rank >= len(gpus):
+            raise InputError(
+                f"LOCAL_RANK {rank.local_rank} has no GPU: {len(gpus)} visible for "
+                f"{rank.local_world_size} ranks on this node (one GPU per rank)"
+            )
+        device = gpus[rank.local_rank]
+    return LanePlan(rank.rank, device, rank.rank, rank.world_size)
+
+
 @dataclass(frozen=True)
 class ProbeConfig:
     """A probe run: the pipeline, where its lanes run, what consumes the batches, how long."""
@@ -82,6 +101,7 @@ class ProbeConfig:
     duration_s: float | None = 10.0  # measured seconds per lane
     sample_hz: float = 10.0  # 0: no sampling
     label: str | None = None
+    torchrun: bool = False  # one rank's lane of a run launched by torchrun
 
     def __post_init__(self) -> None:
         if not self.lanes:
@@ -154,6 +174,7 @@ def run_probe(
     on_update: Callable[[list[LaneLive]], None] | None = None,
     on_start: Callable[[str], None] | None = None,
     session_id: str | None = None,
+    run_id: str | None = None,
 ) -> str:
     """Runs the probe and records it; returns the run's id.
 
@@ -162,6 +183,7 @@ def run_probe(
         on_update: called about four times a second with the lanes' live state.
         on_start: called with the run id once the run is in the store.
         session_id: the sweep or doctor session the run belongs to.
+        run_id: the run's id (the ranks of a torchrun probe share one); default a new one.
 
     Raises:
         InputError: the configuration cannot work; nothing is written then.
@@ -173,7 +195,7 @@ def run_probe(
     gpu_uuids = [plan.device.uuid for plan in config.lanes if plan.device is not None]
     gpus = GpuSampler(gpu_uuids) if gpu_uuids and config.sample_hz > 0 else None
     run = RunRecord(
-        run_id=_new_run_id(),
+        run_id=run_id or new_run_id(),
         kind="probe",
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         status=RunStatus.RUNNING,
@@ -182,7 +204,7 @@ def run_probe(
         consumer=str(config.consumer),
         label=config.label,
         config=_config_dict(config, num_classes),
-        host=_host_dict(config, gpus),
+        host=describe_host(gpus),
         hostname=hostname,
         pid=os.getpid(),
         started_ns=time.monotonic_ns(),
@@ -406,7 +428,7 @@ def _exit_reason(code: int | None) -> str:
     return f"the lane process exited with code {code} without a word"
 
 
-def _new_run_id() -> str:
+def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(2)
 
 
@@ -421,6 +443,8 @@ def _config_dict(config: ProbeConfig, num_classes: int) -> dict[str, Any]:
         "duration_s": config.duration_s,
         "sample_hz": config.sample_hz,
         "num_classes": num_classes,
+        "world_size": config.lanes[0].num_shards if config.torchrun else len(config.lanes),
+        "torchrun": config.torchrun,
         "lanes": [
             {
                 "lane": plan.lane,
@@ -433,12 +457,15 @@ def _config_dict(config: ProbeConfig, num_classes: int) -> dict[str, Any]:
     }
 
 
-def _host_dict(config: ProbeConfig, gpus: GpuSampler | None) -> dict[str, Any]:
+def describe_host(gpus: GpuSampler | None) -> dict[str, Any]:
+    """This host as a run records it; `clock` (its monotonic and wall clocks read together)
+    lets a run's lanes from several hosts share one time axis."""
     import torch
 
     devices = cuda_devices()
     return {
         "hostname": socket.gethostname(),
+        "clock": {"monotonic_ns": time.monotonic_ns(), "unix_ns": time.time_ns()},
         "cpus": available_cpus(),
         **host_facts(),
         "gpus": [

@@ -7,6 +7,7 @@ the probe's coordinating process is the only writer of a run. The schema version
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sqlite3
@@ -15,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pipelines import InputError
 from probe.samplers import GpuSample, HostSample, LaneCpuSample, Unavailable
@@ -238,6 +239,20 @@ class BatchEvent:
     warmup: bool
 
 
+@dataclass(frozen=True)
+class RunExport:
+    """A run's lanes with everything recorded for them, as one store hands them to another:
+    the ranks of a torchrun probe to rank 0, and `probe merge`."""
+
+    run: RunRecord
+    lanes: list[LaneRecord]
+    batches: list[BatchEvent]
+    gpu: list[GpuSample]
+    host: dict[str, list[HostSample]]  # by hostname
+    lane_cpu: list[LaneCpuSample]
+    unavailable: list[Unavailable]
+
+
 def default_db_path() -> Path:
     """`$FEEDSCOPE_DB`, else feedscope.db in the user's data folder."""
     from_env = os.environ.get(ENV_VAR)
@@ -285,26 +300,13 @@ class Store:
 
     def create_run(self, run: RunRecord, lanes: Sequence[LaneRecord]) -> None:
         with self._transaction() as db:
-            db.execute(
-                "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    run.run_id, run.kind, run.created, run.status.value, run.reason,
-                    run.pipeline, run.consumer, run.label, json.dumps(run.config),
-                    json.dumps(run.host), run.hostname, run.pid, run.started_ns, run.ended_ns,
-                    run.session_id,
-                ),
-            )  # fmt: skip
-            db.executemany(
-                "INSERT INTO lanes VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [
-                    (
-                        lane.run_id, lane.lane, lane.gpu_index, lane.gpu_uuid, lane.shard_id,
-                        lane.num_shards, lane.hostname, lane.pid, lane.status.value, lane.reason,
-                        None if lane.summary is None else json.dumps(lane.summary),
-                    )
-                    for lane in lanes
-                ],
-            )  # fmt: skip
+            db.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                       _run_row(run))  # fmt: skip
+            _add_lanes(db, lanes)
+
+    def _add_lanes(self, lanes: Sequence[LaneRecord]) -> None:
+        with self._transaction() as db:
+            _add_lanes(db, lanes)
 
     def update_lane(self, run_id: str, lane: int, **fields: Any) -> None:
         """Sets some of a lane's columns: pid, gpu_uuid, status, reason, summary."""
@@ -432,6 +434,122 @@ class Store:
                 )
         return gone
 
+    def import_run(self, export: RunExport) -> list[int]:
+        """Adds a run's lanes from another store, with their events and samples, to the run of
+        the same id here (created if new); returns the lanes added. Lanes, GPUs and hosts the run
+        already has here are kept as they are. Times from another host are moved onto this
+        run's clock through the wall clock both hosts read at their start."""
+        run = export.run
+        with self._transaction() as db:  # several ranks may create the run at once
+            db.execute(
+                "INSERT OR IGNORE INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                _run_row(run),
+            )
+            here = _run(db.execute("SELECT * FROM runs WHERE run_id = ?", (run.run_id,)).fetchone())
+        shift = 0 if here.hostname == run.hostname else clock_shift(here.host, run.host)
+        have = {lane.lane for lane in self.lanes(run.run_id)}
+        lanes = [lane for lane in export.lanes if lane.lane not in have]
+        added = {lane.lane for lane in lanes}
+        uuids = {lane.gpu_uuid for lane in lanes} - {None}
+        known = self._db.execute(
+            "SELECT DISTINCT gpu_uuid FROM gpu_samples WHERE run_id = ?", (run.run_id,)
+        ).fetchall()
+        uuids -= {r[0] for r in known}
+        hosts = {r[0] for r in self._db.execute(
+            "SELECT DISTINCT hostname FROM host_samples WHERE run_id = ?", (run.run_id,)
+        )}  # fmt: skip
+        self._add_lanes(lanes)
+        self.add_rows(
+            RunExport(
+                run, lanes, [e for e in export.batches if e.lane in added],
+                [g for g in export.gpu if g.gpu_uuid in uuids],
+                {name: rows for name, rows in export.host.items() if name not in hosts},
+                [c for c in export.lane_cpu if c.lane in added], export.unavailable,
+            ),
+            shift,
+        )  # fmt: skip
+        self._join(here, run, shift)
+        self.settle_run(run.run_id)
+        return sorted(added)
+
+    def add_rows(self, export: RunExport, shift: int = 0) -> None:
+        """Writes an export's events and samples (not its run or lanes), `shift` added to their
+        times."""
+        run_id = export.run.run_id
+        self.add_batches(run_id, _moved(export.batches, shift))
+        self.add_gpu_samples(run_id, _moved(export.gpu, shift))
+        for hostname, samples in export.host.items():
+            self.add_host_samples(run_id, hostname, _moved(samples, shift))
+        self.add_lane_cpu(run_id, _moved(export.lane_cpu, shift))
+        self.add_unavailable(run_id, export.unavailable)
+
+    def export_run(self, run_id: str) -> RunExport:
+        """Everything recorded for a run (its exact id)."""
+        run = _run(self._find("runs", "run_id", run_id, "run"))
+        host: dict[str, list[HostSample]] = {}
+        for row in self._db.execute(
+            "SELECT * FROM host_samples WHERE run_id = ? ORDER BY t_ns", (run.run_id,)
+        ):
+            host.setdefault(row["hostname"], []).append(_host(row))
+        return RunExport(
+            run, self.lanes(run.run_id), self.batches(run.run_id), self.gpu_samples(run.run_id),
+            host, self.lane_cpu(run.run_id), self.unavailable(run.run_id),
+        )  # fmt: skip
+
+    def settle_run(self, run_id: str) -> None:
+        """Sets a run's status from its lanes' once none is running: failed if one failed,
+        interrupted if one was, else completed; a run missing lanes (recorded in another store:
+        `probe merge` joins them) says which."""
+        run = self.run(run_id)
+        lanes = self.lanes(run_id)
+        if any(lane.status is RunStatus.RUNNING for lane in lanes):
+            return
+        expected = int(run.config.get("world_size") or len(run.config.get("lanes", [])))
+        missing = sorted(set(range(expected)) - {lane.lane for lane in lanes})
+        failed = [x for x in lanes if x.status is RunStatus.FAILED]
+        stopped = [x for x in lanes if x.status is RunStatus.INTERRUPTED]
+        if failed:
+            status, reasons = (
+                RunStatus.FAILED,
+                [f"lane {x.lane} failed: {x.reason}" for x in failed],
+            )
+        elif stopped:
+            status, reasons = (
+                RunStatus.INTERRUPTED,
+                [f"lane {stopped[0].lane}: {stopped[0].reason}"],
+            )
+        else:
+            status, reasons = RunStatus.COMPLETED, []
+        if missing:
+            reasons.append(
+                f"{len(lanes)} of {expected} lanes recorded here (missing: "
+                f"{', '.join(map(str, missing))}; `probe merge` adds them from their stores)"
+            )
+        ended = max((run.ended_ns or 0, *(self.time_span(run_id) or (0, 0))))
+        self.finish_run(run_id, status, "; ".join(reasons) or None, ended)
+
+    def _join(self, here: RunRecord, other: RunRecord, shift: int) -> None:
+        """Folds another store's record of a run into this one's: its lanes' configuration,
+        its host, its start."""
+        config = dict(here.config)
+        lanes = {lane["lane"]: lane for lane in (*config.get("lanes", []), *other.config["lanes"])}
+        config["lanes"] = [lanes[k] for k in sorted(lanes)]
+        host = dict(here.host)
+        nodes = dict(host.get("nodes", {}))
+        for name, facts in {other.hostname: other.host, **other.host.get("nodes", {})}.items():
+            if name != here.hostname:
+                nodes.setdefault(name, {k: v for k, v in facts.items() if k != "nodes"})
+        if nodes:
+            host["nodes"] = nodes
+        with self._transaction() as db:
+            db.execute(
+                "UPDATE runs SET config = ?, host = ?, started_ns = ? WHERE run_id = ?",
+                (
+                    json.dumps(config), json.dumps(host),
+                    min(here.started_ns, other.started_ns + shift), here.run_id,
+                ),
+            )  # fmt: skip
+
     # reading
 
     def runs(self) -> list[RunRecord]:
@@ -541,13 +659,16 @@ class Store:
         ).fetchone()
         return dict(row)
 
-    def host_means(self, run_id: str, start_ns: int, end_ns: int) -> dict[str, float | None]:
-        """Mean host figures between two times: cpu_pct, iowait_pct, steal_pct, disk_read_mib_s."""
+    def host_means(
+        self, run_id: str, hostname: str, start_ns: int, end_ns: int
+    ) -> dict[str, float | None]:
+        """Mean figures of one host between two times: cpu_pct, iowait_pct, steal_pct,
+        disk_read_mib_s."""
         row = self._db.execute(
             "SELECT AVG(cpu_pct) AS cpu_pct, AVG(iowait_pct) AS iowait_pct, "
             "AVG(steal_pct) AS steal_pct, AVG(disk_read_mib_s) AS disk_read_mib_s "
-            "FROM host_samples WHERE run_id = ? AND t_ns BETWEEN ? AND ?",
-            (run_id, start_ns, end_ns),
+            "FROM host_samples WHERE run_id = ? AND hostname = ? AND t_ns BETWEEN ? AND ?",
+            (run_id, hostname, start_ns, end_ns),
         ).fetchone()
         return dict(row)
 
@@ -696,6 +817,28 @@ class Store:
             )
 
 
+def _add_lanes(db: sqlite3.Connection, lanes: Sequence[LaneRecord]) -> None:
+    db.executemany(
+        "INSERT INTO lanes VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        [
+            (
+                lane.run_id, lane.lane, lane.gpu_index, lane.gpu_uuid, lane.shard_id,
+                lane.num_shards, lane.hostname, lane.pid, lane.status.value, lane.reason,
+                None if lane.summary is None else json.dumps(lane.summary),
+            )
+            for lane in lanes
+        ],
+    )  # fmt: skip
+
+
+def _run_row(run: RunRecord) -> tuple[Any, ...]:
+    return (
+        run.run_id, run.kind, run.created, run.status.value, run.reason, run.pipeline,
+        run.consumer, run.label, json.dumps(run.config), json.dumps(run.host), run.hostname,
+        run.pid, run.started_ns, run.ended_ns, run.session_id,
+    )  # fmt: skip
+
+
 def _run(row: sqlite3.Row) -> RunRecord:
     return RunRecord(
         run_id=row["run_id"], kind=row["kind"], created=row["created"],
@@ -752,3 +895,23 @@ def _reason(error: BaseException) -> str:
     if "unable to open database file" in text:
         return "the file cannot be created or opened there (permissions?)"
     return text
+
+
+_Timed = TypeVar("_Timed", BatchEvent, GpuSample, HostSample, LaneCpuSample)
+
+
+def _moved(items: Sequence[_Timed], shift: int) -> list[_Timed]:
+    """`items` with `shift` added to their times."""
+    if not shift:
+        return list(items)
+    return [dataclasses.replace(item, t_ns=item.t_ns + shift) for item in items]
+
+
+def clock_shift(here: dict[str, Any], there: dict[str, Any]) -> int:
+    """What to add to a monotonic time of host `there` to put it on host `here`'s monotonic
+    clock, from the (monotonic, wall) pair each read together (a host dict's `clock`); 0 when
+    either lacks one. As good as the hosts' wall clocks agree (NTP: milliseconds)."""
+    a, b = here.get("clock"), there.get("clock")
+    if not a or not b:
+        return 0
+    return int((a["monotonic_ns"] - a["unix_ns"]) - (b["monotonic_ns"] - b["unix_ns"]))

@@ -171,8 +171,11 @@ def run_brief(document: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def reproduce_command(document: dict[str, Any]) -> str:
-    """The `probe run` command line that measures a run's configuration again."""
+def reproduce_command(document: dict[str, Any]) -> str | None:
+    """The `probe run` command line that measures a run's configuration again (under torchrun
+    for a run of ranks); None for a watched training loop."""
+    if document["kind"] != "probe":
+        return None
     config = document["config"]
     spec = config["spec"]
     gpus = [lane["gpu"] for lane in config["lanes"]]
@@ -197,6 +200,11 @@ def reproduce_command(document: dict[str, Any]) -> str:
         ("--sample-hz", config["sample_hz"]),
     ]
     words = ["probe", "run"]
+    if config.get("torchrun"):
+        words = ["torchrun", f"--nproc-per-node={config['world_size']}", "-m", "probe", "run"]
+        options = [(flag, value) for flag, value in options if flag != "--num-shards"]
+        if None not in gpus:
+            options = [(flag, value) for flag, value in options if flag != "--gpus"]
     for flag, value in options:
         if value is not None:
             words += [flag, f"{value:g}" if isinstance(value, float) else str(value)]

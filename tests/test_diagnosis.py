@@ -36,7 +36,7 @@ STARVED_LANE = LaneFacts(
     lane=0, status="completed", backend="torch", consumer="model:resnet50", batch_size=128,
     batches=100, images_per_s=1500.0, data_wait_frac=0.40, step_ms_p50=30.0, step_ms_mean=31.0,
     num_workers=4, pin_memory=True, output_dtype="uint8", num_threads=None, decoder=None,
-    on_gpu=True, host_cpus=32, lanes_on_host=1, host_cpu_pct=15.0, iowait_pct=0.0,
+    on_gpu=True, hostname="node0", host_cpus=32, lanes_on_host=1, host_cpu_pct=15.0, iowait_pct=0.0,
     steal_pct=0.0, disk_read_mib_s=0.0, lane_cpu_pct=400.0, main_thread_cpu_pct=30.0,
     sm_active_pct=25.0, sm_active_source="gpm", kernel_active_pct=35.0, nvjpg_pct=0.0,
     memory_used_mib=8000.0,

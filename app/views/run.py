@@ -166,7 +166,9 @@ def main() -> None:
             + "; ".join(f"{u['metric']} ({u['reason']})" for u in unavailable[:12])
         )
     with st.expander("Configuration (to reproduce the run)"):
-        st.code(reproduce_command(doc), language="bash")
+        command = reproduce_command(doc)
+        if command is not None:
+            st.code(command, language="bash")
         st.json(doc["config"])
     with st.expander("Host"):
         st.json(doc["host"])

@@ -1,0 +1,313 @@
+"""`watch`: measure your own training loop's input pipeline from inside it.
+
+    from probe import watch
+
+    for images, labels in watch(train_loader, name="resnet50-bs256"):
+        ...  # your training step
+
+Each batch's data-wait (the time spent getting it from the loader) and step (the time from
+handing it over until the next one is asked for) are recorded, with the GPU and host samplers
+running, as a run of kind `watch` in the store: the dashboard, `probe show`, the diagnosis and
+the reports work on it as on a probe's run. Under DDP (torchrun), each rank is a lane of one run.
+Recording never breaks training: if the store cannot be used, it warns once and the loop runs on
+unwatched.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import itertools
+import os
+import socket
+import threading
+import time
+import warnings
+from collections import deque
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+from pipelines import InputError
+from probe.recorder import Recorder
+from probe.store import BatchEvent, LaneRecord, RunExport, RunRecord, RunStatus, Store, clock_shift
+
+T = TypeVar("T")
+WRITE_EVERY_S = 0.5
+_warned: list[str] = []  # what was warned of: once is enough
+_calls = itertools.count()  # watch() calls in this process: ranks number them alike
+
+
+def watch(
+    iterable: Iterable[T],
+    name: str | None = None,
+    *,
+    db: Path | str | None = None,
+    sample_hz: float = 10.0,
+    warmup: int = 5,
+) -> Watched[T]:
+    """Yields what `iterable` yields, recording how long each item took to get and to use.
+
+    Args:
+        iterable: a torch DataLoader, a DALI iterator or any iterable of batches.
+        name: the run's label in listings.
+        db: the store; default `$FEEDSCOPE_DB`, else your data folder.
+        sample_hz: GPU and host samples per second (0: none).
+        warmup: first batches recorded but left out of every figure (workers starting,
+            cuDNN choosing its algorithms).
+    """
+    return Watched(iterable, name, db, sample_hz, warmup)
+
+
+class Watched(Generic[T]):
+    """An iterable that records its iteration; each `for` over it is one run."""
+
+    def __init__(
+        self, iterable: Iterable[T], name: str | None, db: Path | str | None, sample_hz: float,
+        warmup: int,
+    ) -> None:  # fmt: skip
+        self.iterable, self.name, self.db = iterable, name, db
+        self.sample_hz, self.warmup = sample_hz, warmup
+
+    def __len__(self) -> int:
+        return len(self.iterable)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[T]:
+        recording = _Recording.start(self)
+        source = iter(self.iterable)
+        if recording is None:
+            yield from source
+            return
+        events, lane, warmup = recording.events, recording.lane, self.warmup
+        index = 0
+        pending: tuple[int, int, int] | None = None  # asked, got, size of the batch handed out
+        status, reason = RunStatus.COMPLETED, None
+        clock = time.monotonic_ns
+        try:
+            while True:
+                asked = clock()
+                if pending is not None:
+                    events.append(_event(lane, index, pending, asked, index < warmup))
+                    index, pending = index + 1, None
+                try:
+                    batch = next(source)
+                except StopIteration:
+                    return
+                pending = (asked, clock(), batch_size(batch))
+                yield batch
+        except GeneratorExit:  # the loop was left (a break, or an error in the step)
+            raise
+        except BaseException as error:  # the loader failed: recorded, and raised on
+            status, reason = RunStatus.FAILED, f"{type(error).__name__}: {error}".splitlines()[0]
+            raise
+        finally:
+            if pending is not None:
+                events.append(_event(lane, index, pending, clock(), index < warmup))
+            recording.finish(status, reason)
+
+
+def _event(
+    lane: int, index: int, batch: tuple[int, int, int], done: int, warmup: bool
+) -> BatchEvent:
+    asked, got, size = batch
+    return BatchEvent(lane, index, asked, (got - asked) / 1e9, (done - got) / 1e9, size, warmup)
+
+
+def batch_size(batch: Any) -> int:
+    """How many samples a batch holds: the first dimension of its first tensor (tuples, lists
+    and dicts are looked into, as DataLoader and DALI iterators yield them); 1 if none."""
+    for _ in range(4):
+        shape = getattr(batch, "shape", None)
+        if shape is not None and len(shape) > 0:
+            return int(shape[0])
+        if isinstance(batch, dict) and batch:
+            batch = next(iter(batch.values()))
+        elif isinstance(batch, (list, tuple)) and batch:
+            batch = batch[0]
+        else:
+            break
+    return 1
+
+
+class _Recording:
+    """One watched iteration: the run in the store, the samplers, a thread writing both."""
+
+    def __init__(self, store_path: Path, run: RunRecord, lane: int, shift: int, gpus: Any) -> None:
+        self.store_path, self.run, self.lane, self.shift = store_path, run, lane, shift
+        self.events: deque[BatchEvent] = deque()  # appended by the loop, taken by the writer
+        self.gpus = gpus
+        self.recorder: Recorder | None = None
+        self._done = threading.Event()
+        self._ended: tuple[RunStatus, str | None] | None = None
+        self._thread = threading.Thread(
+            target=self._write_loop, name="feedscope-watch", daemon=True
+        )
+
+    @classmethod
+    def start(cls, watched: Watched[Any]) -> _Recording | None:
+        try:
+            return cls._start(watched)
+        except Exception as error:  # never break training
+            _warn_once(f"not recording: {error}")
+            return None
+
+    @classmethod
+    def _start(cls, watched: Watched[Any]) -> _Recording:
+        from probe.distributed import torchrun_rank
+        from probe.runner import describe_host, new_run_id
+        from probe.samplers.host import HostSampler
+        from probe.samplers.nvml import GpuSampler
+
+        try:
+            rank = torchrun_rank()
+        except InputError:
+            rank = None
+        call = next(_calls)
+        world = rank.world_size if rank is not None else 1
+        lane = rank.rank if rank is not None else 0
+        device = _device_in_use(rank)
+        gpus = None
+        if device is not None and watched.sample_hz > 0:
+            gpus = GpuSampler([device.uuid])
+        if world > 1:  # every rank derives the same id, with no collective call
+            launch = os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("MASTER_PORT", "")
+            restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+            key = f"{launch}/{restart}/{watched.name}/{call}"
+            run_id = time.strftime("%Y%m%d-", time.gmtime()) + "watch-" + hashlib.sha1(
+                key.encode()
+            ).hexdigest()[:8]  # fmt: skip
+        else:
+            run_id = new_run_id()
+        hostname = socket.gethostname()
+        kind, spec = _describe(watched.iterable)
+        run = RunRecord(
+            run_id=run_id, kind="watch", created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            status=RunStatus.RUNNING, reason=None, pipeline=kind, consumer="your training step",
+            label=watched.name,
+            config={
+                "pipeline": kind, "spec": spec, "consumer": "your training step",
+                "warmup": watched.warmup, "batches": None, "duration_s": None,
+                "sample_hz": watched.sample_hz, "world_size": world, "torchrun": rank is not None,
+                "lanes": [{"lane": lane, "gpu": None if device is None else device.index,
+                           "shard_id": lane, "num_shards": world}],
+                "iterable": _type_name(watched.iterable),
+            },
+            host=describe_host(gpus), hostname=hostname, pid=os.getpid(),
+            started_ns=time.monotonic_ns(), ended_ns=None,
+        )  # fmt: skip
+        record = LaneRecord(
+            run_id, lane, None if device is None else device.index,
+            None if device is None else device.uuid, lane, world, hostname, os.getpid(),
+            RunStatus.RUNNING, None, None,
+        )  # fmt: skip
+        with Store(watched.db) as store:
+            store.import_run(RunExport(run, [record], [], [], {}, [], []))
+            here = store.run(run_id)
+            shift = 0 if here.hostname == hostname else clock_shift(here.host, run.host)
+            path = store.path
+        recording = cls(path, run, lane, shift, gpus)
+        if watched.sample_hz > 0:
+            recording.recorder = Recorder(watched.sample_hz, gpus, HostSampler())
+            recording.recorder.set_lane_pid(lane, os.getpid())
+            recording.recorder.start()
+        recording._thread.start()
+        atexit.register(recording.finish, RunStatus.INTERRUPTED, "the process exited mid-loop")
+        return recording
+
+    def finish(self, status: RunStatus, reason: str | None) -> None:
+        """Ends the recording: the writer writes what is left, the lane's figures and status."""
+        if self._ended is not None:
+            return
+        self._ended = (status, reason)
+        self._done.set()
+        self._thread.join(timeout=30)
+        atexit.unregister(self.finish)
+
+    def _write_loop(self) -> None:
+        from probe.summary import figures_from_store
+
+        try:
+            with Store(self.store_path) as store:
+                while not self._done.wait(WRITE_EVERY_S):
+                    self._write(store)
+                if self.recorder is not None:
+                    self.recorder.stop()
+                if self.gpus is not None:
+                    self.gpus.close()
+                self._write(store)
+                status, reason = self._ended or (RunStatus.INTERRUPTED, None)
+                run, lane = store.run(self.run.run_id), store.lanes(self.run.run_id)
+                mine = next(x for x in lane if x.lane == self.lane)
+                store.update_lane(run.run_id, self.lane, status=status, reason=reason,
+                                  summary=figures_from_store(store, run, mine))  # fmt: skip
+                store.settle_run(run.run_id)
+        except Exception as error:  # never break training
+            _warn_once(f"recording stopped: {error}")
+
+    def _write(self, store: Store) -> None:
+        events = [self.events.popleft() for _ in range(len(self.events))]
+        export = RunExport(self.run, [], events, [], {}, [], [])
+        if self.recorder is not None:
+            drained = self.recorder.drain()
+            export = RunExport(self.run, [], events, drained.gpu, {self.run.hostname: drained.host},
+                               drained.lanes, drained.unavailable)  # fmt: skip
+        store.add_rows(export, self.shift)
+
+
+def _device_in_use(rank: Any) -> Any:
+    """The CUDA device the loop uses (the current one once CUDA is in use, else LOCAL_RANK's),
+    or None for the CPU."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available():
+        return None
+    from probe.devices import cuda_devices
+
+    index = torch.cuda.current_device() if torch.cuda.is_initialized() else 0
+    if rank is not None and not torch.cuda.is_initialized():
+        index = rank.local_rank
+    return next((d for d in cuda_devices() if d.index == index), None)
+
+
+def _describe(iterable: Any) -> tuple[str, dict[str, Any]]:
+    """The pipeline kind ("torch", "dali" or "custom") and what can be read of its settings."""
+    module = type(iterable).__module__
+    if module.startswith("torch.utils.data"):
+        dataset = getattr(iterable, "dataset", None)
+        root = getattr(dataset, "root", None) or f"{_type_name(dataset)} (its folder not known)"
+        workers = int(getattr(iterable, "num_workers", 0))
+        return "torch", {
+            "data_dir": str(root),
+            "batch_size": getattr(iterable, "batch_size", None),
+            "dataloader": {
+                "num_workers": workers,
+                "pin_memory": bool(getattr(iterable, "pin_memory", False)),
+                "prefetch_factor": getattr(iterable, "prefetch_factor", None),
+                "persistent_workers": bool(getattr(iterable, "persistent_workers", False)),
+                "output_dtype": None,
+            },
+            "dali": {},
+        }
+    if module.startswith("nvidia.dali"):
+        pipes = getattr(iterable, "_pipes", None) or [None]
+        return "dali", {
+            "data_dir": "(read by the DALI pipeline)",
+            "batch_size": getattr(iterable, "batch_size", None),
+            "dataloader": {},
+            "dali": {"num_threads": getattr(pipes[0], "num_threads", None), "decoder": None},
+        }
+    return "custom", {
+        "data_dir": f"{_type_name(iterable)} (not known)", "batch_size": None, "dataloader": {},
+        "dali": {},
+    }  # fmt: skip
+
+
+def _type_name(value: object) -> str:
+    return f"{type(value).__module__}.{type(value).__name__}"
+
+
+def _warn_once(message: str) -> None:
+    if not _warned:
+        _warned.append(message)
+        warnings.warn(f"feedscope watch: {message}; training goes on", RuntimeWarning, stacklevel=3)

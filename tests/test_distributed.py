@@ -1,0 +1,107 @@
+"""Probes across ranks (torchrun on the CPU, gloo) and joining stores with `probe merge`."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from helpers import probe_cli
+from pipelines import discover
+from pipelines.dataset import read_order, shard
+from probe.store import RunExport, Store
+from probe.summary import run_document
+
+
+def test_torchrun_gives_one_run_with_a_lane_per_rank_on_disjoint_shards(
+    filled_store: dict[str, Any], tmp_path: Path
+) -> None:
+    db = tmp_path / "ranks.db"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+         "-m", "probe", "run", "--gpus", "none", "--data", str(filled_store["photos"]),
+         "--batches", "5", "--warmup", "1", "--batch-size", "4", "--workers", "0",
+         "--image-size", "32", "--sample-hz", "5", "--db", str(db), "--json"],
+        capture_output=True, text=True, timeout=300, check=False, env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)  # rank 0 alone prints it
+    assert "rank 1: lane 1 of run" in result.stderr
+    with Store(db) as store:
+        (run,) = store.runs()
+        assert run.run_id == document["run_id"] and run.status.value == "completed"
+        assert {event.lane for event in store.batches(run.run_id)} == {0, 1}
+    assert [(x["lane"], x["shard_id"], x["num_shards"]) for x in document["lanes"]] == [
+        (0, 0, 2),
+        (1, 1, 2),
+    ]
+    assert all(x["batches"] == 5 and x["images"] == 20 for x in document["lanes"])
+    assert document["config"]["torchrun"] is True and document["config"]["world_size"] == 2
+    files = read_order(discover(filled_store["photos"]), shuffle=True, seed=0)
+    first, second = (set(shard(files, i, 2).files) for i in (0, 1))
+    assert first and second and not first & second
+    report = json.loads(probe_cli("report", "last", "--db", db, "--format", "json").stdout)
+    assert report["reproduce"].startswith("torchrun --nproc-per-node=2 -m probe run")
+    assert "--gpus none" in report["reproduce"] and "--num-shards" not in report["reproduce"]
+
+
+def test_merge_joins_the_lanes_each_node_recorded(
+    filled_store: dict[str, Any], tmp_path: Path
+) -> None:
+    """A two-lane run split as two nodes would have recorded it, one lane each, on hosts whose
+    monotonic clocks differ by an hour, joins back into the run it was."""
+    run_id = filled_store["two"]["run_id"]
+    with Store(filled_store["db"]) as store:
+        whole = store.export_run(run_id)
+    hour = 3600 * 10**9
+    for lane, name in ((0, "node-a"), (1, "node-b")):
+        shift = 0 if lane == 0 else hour
+        host = {**whole.run.host, "hostname": name}
+        host["clock"] = {"monotonic_ns": shift, "unix_ns": 0}
+        part = RunExport(
+            dataclasses.replace(whole.run, hostname=name, host=host,
+                                started_ns=whole.run.started_ns + shift),
+            [dataclasses.replace(x, hostname=name) for x in whole.lanes if x.lane == lane],
+            [dataclasses.replace(e, t_ns=e.t_ns + shift) for e in whole.batches if e.lane == lane],
+            [], {name: [dataclasses.replace(h, t_ns=h.t_ns + shift)
+                        for h in whole.host[whole.run.hostname]]},
+            [dataclasses.replace(c, t_ns=c.t_ns + shift) for c in whole.lane_cpu if c.lane == lane],
+            [],
+        )  # fmt: skip
+        with Store(tmp_path / f"{name}.db") as node:
+            node.import_run(part)
+    with Store(tmp_path / "node-a.db") as node:
+        alone = node.run(run_id)
+    assert "1 of 2 lanes recorded here (missing: 1" in str(alone.reason)
+
+    merged = probe_cli("merge", tmp_path / "node-a.db", tmp_path / "node-b.db",
+                       "--db", tmp_path / "all.db")  # fmt: skip
+    assert merged.returncode == 0, merged.stderr
+    assert f"node-b.db: run {run_id}: lanes 1" in merged.stderr
+    with Store(tmp_path / "all.db") as store:
+        run = store.run(run_id)
+        document = run_document(store, run_id)
+        batches = store.batches(run_id)
+    assert run.status.value == "completed" and run.reason is None
+    assert [x["hostname"] for x in document["lanes"]] == ["node-a", "node-b"]
+    assert set(run.host["nodes"]) == {"node-b"}
+    assert batches == whole.batches  # node-b's times moved back onto node-a's clock
+    for lane, original in zip(document["lanes"], filled_store["two"]["lanes"], strict=True):
+        assert lane["images_per_s"] == original["images_per_s"]
+    again = probe_cli("merge", tmp_path / "node-b.db", "--db", tmp_path / "all.db")
+    assert again.returncode == 0 and "nothing new" in again.stderr
+
+
+def test_merge_refuses_what_is_not_a_store(tmp_path: Path) -> None:
+    missing = probe_cli("merge", tmp_path / "nowhere.db", "--db", tmp_path / "all.db")
+    assert missing.returncode == 2
+    assert missing.stderr == f"error: no store at {tmp_path / 'nowhere.db'}\n"
+    (tmp_path / "notes.db").write_text("not a database, just notes\n" * 100)
+    bad = probe_cli("merge", tmp_path / "notes.db", "--db", tmp_path / "all.db")
+    assert bad.returncode == 2 and bad.stderr.startswith("error: cannot use")
+    assert bad.stderr.count("\n") == 1

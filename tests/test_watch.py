@@ -1,0 +1,103 @@
+"""`watch` around a real training loop's DataLoader: what it records, and that it never gets in
+the way."""
+
+from __future__ import annotations
+
+import statistics
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from probe import watch
+from probe.diagnose import diagnose_run
+from probe.store import Store
+from probe.summary import run_document
+
+LOAD_S = 0.003  # per item, in the loader
+STEP_S = 0.025  # per batch, in the "training step"
+BATCH = 4
+
+
+class SlowItems(Dataset[tuple[torch.Tensor, int]]):
+    """Items that take LOAD_S each to load."""
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        time.sleep(LOAD_S)
+        return torch.zeros(3, 8, 8), index
+
+
+def test_watch_records_the_wait_and_step_split_of_a_training_loop(tmp_path: Path) -> None:
+    db = tmp_path / "store.db"
+    loader = DataLoader(SlowItems(), batch_size=BATCH, num_workers=0)
+    seen = []
+    for _images, labels in watch(loader, name="sleepy", db=db, warmup=2):
+        time.sleep(STEP_S)
+        seen.extend(labels.tolist())
+    assert seen == list(range(64))  # every batch, in order, untouched
+    with Store(db) as store:
+        (run,) = store.runs()
+        events = store.batches(run.run_id)
+        document = run_document(store, run.run_id)
+        diagnosis = diagnose_run(store, run.run_id)
+    assert run.kind == "watch" and run.status.value == "completed" and run.label == "sleepy"
+    assert [e.index for e in events] == list(range(16))
+    assert [e.warmup for e in events] == [True, True] + [False] * 14
+    assert all(e.size == BATCH for e in events)
+    measured = [e for e in events if not e.warmup]
+    wait = statistics.median(e.wait_s for e in measured)
+    step = statistics.median(e.step_s for e in measured)
+    # Sleeps overrun, never undershoot; a loaded machine adds a few milliseconds.
+    assert BATCH * LOAD_S <= wait < BATCH * LOAD_S + 0.010
+    assert STEP_S <= step < STEP_S + 0.010
+    (lane,) = document["lanes"]
+    assert lane["batches"] == 14 and lane["images"] == 56
+    assert lane["data_wait_frac"] == pytest.approx(wait / (wait + step), abs=0.1)
+    assert document["config"]["spec"]["dataloader"]["num_workers"] == 0
+    assert document["pipeline"] == "torch" and document["consumer"] == "your training step"
+    assert diagnosis.verdict.kind.value != "pipeline_only"  # a consumer that waits ~1/3 of the time
+
+
+def test_leaving_the_loop_early_ends_the_run_with_what_was_measured(tmp_path: Path) -> None:
+    db = tmp_path / "store.db"
+    for index, _ in enumerate(watch(range(1000), db=db, warmup=0, sample_hz=0)):
+        if index == 9:
+            break
+    with Store(db) as store:
+        (run,) = store.runs()
+        events = store.batches(run.run_id)
+    assert run.status.value == "completed" and run.pipeline == "custom"
+    assert len(events) == 10 and {e.size for e in events} == {1}
+
+
+def test_a_loader_that_fails_fails_the_run_and_the_error_reaches_the_loop(tmp_path: Path) -> None:
+    def broken() -> object:
+        yield torch.zeros(2, 3)
+        raise OSError("disk went away")
+
+    db = tmp_path / "store.db"
+    with pytest.raises(OSError, match="disk went away"):
+        for _ in watch(broken(), db=db, warmup=0, sample_hz=0):
+            pass
+    with Store(db) as store:
+        (run,) = store.runs()
+        (lane,) = store.lanes(run.run_id)
+    assert run.status.value == "failed" and lane.reason == "OSError: disk went away"
+
+
+def test_an_unusable_store_warns_once_and_training_goes_on(tmp_path: Path) -> None:
+    folder = tmp_path / "a-folder"
+    folder.mkdir()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = list(watch(range(5), db=folder))
+        second = list(watch(range(3), db=folder))
+    assert first == list(range(5)) and second == list(range(3))
+    messages = [str(w.message) for w in caught if "feedscope" in str(w.message)]
+    assert len(messages) == 1 and "the store path is a folder" in messages[0]
