@@ -433,17 +433,16 @@ def _run_ranked(
         )
     distributed.connect(rank)
     try:
-        prepared = None
-        errors: list[str | None] = [None] * rank.world_size
+        prepared, mine = None, None
         for turn in (0, 1):  # each node's local rank 0 first: it writes the sample data once
             if (rank.local_rank == 0) == (turn == 0):
                 try:
                     prepared = _prepare(pipeline, lanes, db, backend, batches, duration, label,
                                         rank=rank)  # fmt: skip
                 except InputError as error:
-                    errors[rank.rank] = str(error)
+                    mine = str(error)
             distributed.barrier()
-        errors = distributed.all_errors(errors[rank.rank])
+        errors = distributed.all_errors(mine)
         if prepared is None or any(errors):
             first = next(e for e in errors if e)
             raise InputError(first if rank.rank == 0 else f"rank {errors.index(first)}: {first}")

@@ -304,10 +304,6 @@ class Store:
                        _run_row(run))  # fmt: skip
             _add_lanes(db, lanes)
 
-    def _add_lanes(self, lanes: Sequence[LaneRecord]) -> None:
-        with self._transaction() as db:
-            _add_lanes(db, lanes)
-
     def update_lane(self, run_id: str, lane: int, **fields: Any) -> None:
         """Sets some of a lane's columns: pid, gpu_uuid, status, reason, summary."""
         allowed = {"pid", "gpu_uuid", "status", "reason", "summary"}
@@ -458,7 +454,8 @@ class Store:
         hosts = {r[0] for r in self._db.execute(
             "SELECT DISTINCT hostname FROM host_samples WHERE run_id = ?", (run.run_id,)
         )}  # fmt: skip
-        self._add_lanes(lanes)
+        with self._transaction() as db:
+            _add_lanes(db, lanes)
         self.add_rows(
             RunExport(
                 run, lanes, [e for e in export.batches if e.lane in added],

@@ -20,6 +20,7 @@ import hashlib
 import itertools
 import os
 import socket
+import sys
 import threading
 import time
 import warnings
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from pipelines import InputError
-from probe.recorder import Recorder
+from probe.recorder import Drained, Recorder
 from probe.store import BatchEvent, LaneRecord, RunExport, RunRecord, RunStatus, Store, clock_shift
 
 T = TypeVar("T")
@@ -246,27 +247,24 @@ class _Recording:
 
     def _write(self, store: Store) -> None:
         events = [self.events.popleft() for _ in range(len(self.events))]
-        export = RunExport(self.run, [], events, [], {}, [], [])
-        if self.recorder is not None:
-            drained = self.recorder.drain()
-            export = RunExport(self.run, [], events, drained.gpu, {self.run.hostname: drained.host},
-                               drained.lanes, drained.unavailable)  # fmt: skip
+        drained = self.recorder.drain() if self.recorder is not None else Drained()
+        export = RunExport(self.run, [], events, drained.gpu, {self.run.hostname: drained.host},
+                           drained.lanes, drained.unavailable)  # fmt: skip
         store.add_rows(export, self.shift)
 
 
 def _device_in_use(rank: Any) -> Any:
     """The CUDA device the loop uses (the current one once CUDA is in use, else LOCAL_RANK's),
     or None for the CPU."""
-    import sys
-
-    torch = sys.modules.get("torch")
+    torch = sys.modules.get("torch")  # a loop on CUDA has imported it; no need to import it
     if torch is None or not torch.cuda.is_available():
         return None
     from probe.devices import cuda_devices
 
-    index = torch.cuda.current_device() if torch.cuda.is_initialized() else 0
-    if rank is not None and not torch.cuda.is_initialized():
-        index = rank.local_rank
+    if torch.cuda.is_initialized():
+        index = torch.cuda.current_device()
+    else:
+        index = rank.local_rank if rank is not None else 0
     return next((d for d in cuda_devices() if d.index == index), None)
 
 

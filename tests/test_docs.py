@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-from helpers import solid, write_jpeg
+from helpers import probe_cli, solid, write_jpeg
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -42,12 +40,7 @@ def test_every_documented_command_exists() -> None:
     }
     assert commands >= {"doctor", "sweep", "run", "bench", "data"}
     for command in commands:
-        result = subprocess.run(
-            [sys.executable, "-m", "probe", command, "--help"],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
+        result = probe_cli(command, "--help")
         assert result.returncode == 0, (command, result.stderr)
 
 
@@ -57,32 +50,9 @@ def test_documented_bench_json_keys_are_the_real_ones(tmp_path: Path) -> None:
     documented = set(re.findall(r'"(\w+)":', example.group(1)))
     for n in range(4):
         write_jpeg(tmp_path / "data" / "a" / f"{n}.jpg", solid((40 * n, 90, 90)))
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "probe",
-            "bench",
-            "--data",
-            str(tmp_path / "data"),
-            "--gpu",
-            "none",
-            "--json",
-            "--batch-size",
-            "2",
-            "--batches",
-            "2",
-            "--warmup",
-            "1",
-            "--workers",
-            "0",
-            "--threads",
-            "1",
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    result = probe_cli("bench", "--data", tmp_path / "data", "--gpu", "none", "--json",
+                       "--batch-size", 2, "--batches", 2, "--warmup", 1, "--workers", 0,
+                       "--threads", 1)  # fmt: skip
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
     real = set(document) | {key for row in document["results"] for key in row}
@@ -95,34 +65,9 @@ def test_documented_run_json_keys_are_the_real_ones(tmp_path: Path) -> None:
     documented = set(re.findall(r'"(\w+)":', example.group(1))) - {"..."}
     for n in range(4):
         write_jpeg(tmp_path / "data" / "a" / f"{n}.jpg", solid((40 * n, 90, 90)))
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "probe",
-            "run",
-            "--data",
-            str(tmp_path / "data"),
-            "--gpus",
-            "none",
-            "--db",
-            str(tmp_path / "s.db"),
-            "--json",
-            "--batch-size",
-            "2",
-            "--batches",
-            "2",
-            "--warmup",
-            "1",
-            "--workers",
-            "0",
-            "--image-size",
-            "32",
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    result = probe_cli("run", "--data", tmp_path / "data", "--gpus", "none", "--db",
+                       tmp_path / "s.db", "--json", "--batch-size", 2, "--batches", 2,
+                       "--warmup", 1, "--workers", 0, "--image-size", 32)  # fmt: skip
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
     lane = document["lanes"][0]
@@ -137,11 +82,8 @@ def test_documented_report_json_keys_are_the_real_ones(filled_store: dict[str, A
     example = re.search(r'```json\n(\{"schema": "feedscope.report/1".*?)```', README, re.DOTALL)
     assert example is not None
     documented = set(re.findall(r'"(\w+)":', example.group(1)))
-    result = subprocess.run(
-        [sys.executable, "-m", "probe", "report", filled_store["two"]["run_id"],
-         "--db", str(filled_store["db"]), "--format", "json"],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
+    result = probe_cli("report", filled_store["two"]["run_id"], "--db", filled_store["db"],
+                       "--format", "json")  # fmt: skip
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     series, histogram = report["series"], report["latency_histogram"]
