@@ -11,6 +11,7 @@ both backends read the same files for a shard. DALI is imported here and nowhere
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
@@ -18,7 +19,7 @@ from PIL import Image
 
 from pipelines.dataset import Dataset, shard
 from pipelines.errors import DALI_INSTALL_HINT, BackendUnavailable, CorruptImageError
-from pipelines.loader import Batch, InputPipeline
+from pipelines.loader import Batch, InputPipeline, ReadStart
 from pipelines.spec import Backend, Decoder, PipelineSpec
 
 try:
@@ -47,10 +48,17 @@ class DaliPipeline(InputPipeline):
         self._iterator = self._start()
 
     def __iter__(self) -> Iterator[Batch]:
+        # DALI's reader goes on past an epoch's end and its pipeline keeps decoding ahead: an
+        # epoch starts with nothing to start or refill.
+        started_ns = time.monotonic_ns()
         while True:
             self._batches_read = 0
             try:
                 for outputs in self._iterator:
+                    if self._batches_read == 0 and (
+                        not self.starts or self.starts[-1].started_ns != started_ns
+                    ):
+                        self.starts.append(ReadStart(started_ns, started_ns))
                     self._batches_read += 1
                     images, labels = outputs[0]["images"], outputs[0]["labels"]
                     yield Batch(images, labels.view(-1).long())

@@ -10,6 +10,7 @@ import abc
 import math
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
@@ -20,6 +21,8 @@ from pipelines.spec import Backend, PipelineSpec
 if TYPE_CHECKING:
     import torch
 
+NOTHING_TO_READ = "every image of the shard was skipped as corrupt: nothing to read"
+
 
 class Batch(NamedTuple):
     """What both backends yield: images and labels on the spec's device."""
@@ -28,11 +31,27 @@ class Batch(NamedTuple):
     labels: torch.Tensor  # int64, N
 
 
-class InputPipeline(abc.ABC):
-    """One shard of a dataset as batches on a device; iterating yields one epoch.
+@dataclass(frozen=True)
+class ReadStart:
+    """One start of reading: an epoch's `iter()`, or a stream's only one.
 
-    An epoch reads every file of the shard once, in the dataset's read order; its last batch may
-    be smaller than the batch size. Iterating again starts the next epoch.
+    Its cost is the wait for the first batch after it, which splits at `ready_ns`: before it,
+    the loader started (worker processes spawned or forked, the dataset sent to them,
+    `worker_init_fn`; persistent workers told to resume); after it, the first batch was made
+    while the prefetch queue refilled.
+    """
+
+    started_ns: int  # monotonic: when reading was asked to start
+    ready_ns: int  # monotonic: when the worker making the first batch was ready for it
+
+
+class InputPipeline(abc.ABC):
+    """One shard of a dataset as batches on a device.
+
+    Iterating yields one epoch: every file of the shard once, in the dataset's read order; its
+    last batch may be smaller than the batch size. Iterating again starts the next epoch, and a
+    DataLoader's prefetch starts empty again. `stream()` reads the shard again and again with no
+    epoch ends, as a long training job sees it once it runs.
     """
 
     backend: ClassVar[Backend]
@@ -48,6 +67,7 @@ class InputPipeline(abc.ABC):
         self.dataset = dataset
         self.shard = shard(dataset, spec.shard_id, spec.num_shards)
         self.skipped_files: list[str] = []  # undecodable files skipped (spec.skip_corrupt)
+        self.starts: list[ReadStart] = []  # each start of reading, as its first batch arrives
 
     @property
     def samples_per_epoch(self) -> int:
@@ -61,11 +81,14 @@ class InputPipeline(abc.ABC):
     def __iter__(self) -> Iterator[Batch]:
         """Yields the batches of one epoch."""
 
-    def forever(self) -> Iterator[Batch]:
-        """Yields batches epoch after epoch.
+    def stream(self) -> Iterator[Batch]:
+        """Yields batches without end, reading the shard again and again in its read order.
+
+        Here epoch after epoch; a backend whose epochs restart its loader (the DataLoader)
+        reads one endless stream instead, so that nothing drains between epochs.
 
         Raises:
-            InputError: an epoch yielded nothing (every image of the shard was skipped).
+            InputError: the shard yields nothing (every image of it was skipped as corrupt).
         """
         while True:
             yielded = False
@@ -73,7 +96,7 @@ class InputPipeline(abc.ABC):
                 yielded = True
                 yield batch
             if not yielded:
-                raise InputError("every image of the shard was skipped as corrupt: nothing to read")
+                raise InputError(NOTHING_TO_READ)
 
     def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
         """Stops worker processes or threads; the pipeline cannot be used afterwards."""

@@ -40,8 +40,9 @@ class OutputDtype(str, Enum):
     """What DataLoader workers hand over to the main process and copy to the device.
 
     `uint8`: raw pixels (4x less shared memory and host-to-device traffic), normalized on the
-    device after the copy. `float32`: normalized in the workers, as torchvision's ToTensor and
-    Normalize do.
+    device after the copy: the default on a GPU. `float32`: normalized in the workers, as
+    torchvision's ToTensor and Normalize do: the default on the CPU, where there is no copy to
+    save and the main process would otherwise normalize every batch alone.
     """
 
     FLOAT32 = "float32"
@@ -85,7 +86,7 @@ class DataLoaderOptions:
     prefetch_factor: int = 2  # batches loaded ahead by each worker
     pin_memory: bool = True  # used only when the device is a GPU
     persistent_workers: bool = True  # used only with num_workers > 0
-    output_dtype: OutputDtype = OutputDtype.UINT8
+    output_dtype: OutputDtype | None = None  # None: uint8 to a GPU, float32 on the CPU
     # How workers start: fork, forkserver or spawn; None: what a fresh Python process uses
     # (fork on Linux before Python 3.14), not what the calling process inherited.
     start_method: str | None = None
@@ -99,9 +100,10 @@ class DataLoaderOptions:
             f"unknown worker start method {self.start_method!r} "
             f"(choose from: {', '.join(methods)})",
         )
-        object.__setattr__(
-            self, "output_dtype", _as_enum(OutputDtype, self.output_dtype, "output dtype")
-        )
+        if self.output_dtype is not None:
+            object.__setattr__(
+                self, "output_dtype", _as_enum(OutputDtype, self.output_dtype, "output dtype")
+            )
 
 
 @dataclass(frozen=True)
@@ -176,6 +178,14 @@ class PipelineSpec:
         if self.dali.decoder is not None:
             return self.dali.decoder
         return Decoder.CPU if self.device is None else Decoder.MIXED
+
+    @property
+    def output_dtype(self) -> OutputDtype:
+        """What DataLoader workers hand over: the one asked for, else uint8 to a GPU and
+        float32 on the CPU."""
+        if self.dataloader.output_dtype is not None:
+            return self.dataloader.output_dtype
+        return OutputDtype.FLOAT32 if self.device is None else OutputDtype.UINT8
 
     def with_shard(self, shard_id: int, num_shards: int) -> PipelineSpec:
         """The same pipeline reading another shard."""

@@ -5,9 +5,13 @@ Written as the baseline a careful engineer would write, so that a comparison wit
 - let libjpeg decode at 1/2, 1/4 or 1/8 scale (`Image.draft`) when the crop is still at least the
   output size after it; crop in Pillow, resize with torch's uint8 antialiased bilinear kernel
   (twice as fast as Pillow's), straight into the CHW layout the batch has;
-- workers hand over uint8 pixels (4x less shared memory and host-to-device traffic than float32),
-  stacked straight into shared memory; the pipeline normalizes on the device after the copy;
-- pinned memory and non-blocking copies on a GPU, persistent workers, seeded augmentation.
+- to a GPU, workers hand over uint8 pixels (4x less shared memory and host-to-device traffic
+  than float32), stacked straight into shared memory, normalized on the device after the copy;
+  on the CPU they hand over normalized float32, so that the main process has nothing left to do;
+- pinned memory and non-blocking copies on a GPU, persistent workers, seeded augmentation;
+- `stream()` reads through one endless batch sampler: the shard's read order again and again,
+  so that the workers never drain at an epoch's end (a `for` over the pipeline, one epoch,
+  restarts the DataLoader's iterator, as a training loop's `for batch in loader` does).
 
 No torchvision: the augmentation follows torchvision's RandomResizedCrop and RandomHorizontalFlip.
 """
@@ -18,9 +22,10 @@ import contextlib
 import math
 import multiprocessing
 import random
+import time
 import warnings
-from collections.abc import Iterator, Sequence
-from typing import ClassVar
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -29,8 +34,8 @@ from torch.nn import functional
 from torch.utils.data import DataLoader, default_collate, get_worker_info
 
 from pipelines.dataset import Dataset
-from pipelines.errors import CorruptImageError
-from pipelines.loader import Batch, InputPipeline
+from pipelines.errors import CorruptImageError, InputError
+from pipelines.loader import NOTHING_TO_READ, Batch, InputPipeline, ReadStart
 from pipelines.spec import Augmentation, Backend, OutputDtype, PipelineSpec
 
 # One sample as a worker returns it: CHW uint8 pixels (None if undecodable), label, error.
@@ -48,7 +53,6 @@ class TorchPipeline(InputPipeline):
 
     def __init__(self, spec: PipelineSpec, dataset: Dataset) -> None:
         super().__init__(spec, dataset)
-        options = spec.dataloader
         on_gpu = spec.device is not None
         self._device = (
             torch.device("cpu") if spec.device is None else torch.device("cuda", spec.device)
@@ -56,35 +60,42 @@ class TorchPipeline(InputPipeline):
         if on_gpu:
             torch.cuda.set_device(self._device)  # the pin-memory thread pins for the current device
         self._normalize = Normalizer(spec.augmentation, self._device)
-        workers = options.num_workers
-        with _quiet_about_worker_count():
-            self._loader = DataLoader(
-                ShardDataset(self.shard.files, self.shard.labels, spec),
-                batch_size=spec.batch_size,
-                shuffle=False,  # the read order is the dataset's, the same as DALI's
-                num_workers=workers,
-                collate_fn=_Collate(spec),
-                pin_memory=options.pin_memory and on_gpu,
-                drop_last=False,
-                prefetch_factor=options.prefetch_factor if workers > 0 else None,
-                persistent_workers=options.persistent_workers and workers > 0,
-                worker_init_fn=_seed_worker,
-                generator=torch.Generator().manual_seed(spec.seed),
-                multiprocessing_context=_start_method(options.start_method)
-                if workers > 0
-                else None,
-            )
+        self._dataset = ShardDataset(self.shard.files, self.shard.labels, spec)
+        self._loaders: dict[str, tuple[DataLoader[Any], _WorkerInit]] = {}  # built when used
+        self._stream: Any = None  # the stream's DataLoader iterator, once started
 
     def __iter__(self) -> Iterator[Batch]:
-        normalize_here = self.spec.dataloader.output_dtype is OutputDtype.UINT8
+        loader, init = self._loader("epoch")
+        started_ns = time.monotonic_ns()
         with _quiet_about_worker_count():
-            batches = iter(self._loader)
-        for host_images, host_labels, failures in batches:
+            batches = iter(loader)
+        yield from self._batches(batches, init, started_ns, time.monotonic_ns())
+
+    def stream(self) -> Iterator[Batch]:
+        loader, init = self._loader("stream")
+        started_ns = time.monotonic_ns()
+        with _quiet_about_worker_count():
+            self._stream = iter(loader)
+        yield from self._batches(self._stream, init, started_ns, time.monotonic_ns())
+
+    def _batches(
+        self, batches: Iterable[_WorkerBatch], init: _WorkerInit, started_ns: int, iterated_ns: int
+    ) -> Iterator[Batch]:
+        """The batches of one reading, which `iter()` started at `started_ns` and returned from
+        at `iterated_ns`."""
+        normalize_here = self.spec.output_dtype is OutputDtype.UINT8
+        unread = 0  # samples skipped since the last one that decoded
+        for position, (host_images, host_labels, failures) in enumerate(batches):
+            if position == 0:
+                self.starts.append(ReadStart(started_ns, init.ready_ns(started_ns, iterated_ns)))
             if failures:
                 if not self.spec.skip_corrupt:
                     path, _, reason = failures[0].partition("\t")
                     raise CorruptImageError(path, reason)
                 self.skipped_files.extend(f.partition("\t")[0] for f in failures)
+                unread = 0 if host_labels else unread + len(failures)
+                if unread >= len(self.shard):  # a whole pass of the shard, and nothing read
+                    raise InputError(NOTHING_TO_READ)
                 if len(host_labels) == 0:
                     continue
             images = host_images.to(self._device, non_blocking=True)
@@ -93,11 +104,60 @@ class TorchPipeline(InputPipeline):
             )
             yield Batch(self._normalize(images) if normalize_here else images, labels)
 
+    def _loader(self, kind: str) -> tuple[DataLoader[Any], _WorkerInit]:
+        """The DataLoader for epochs (`epoch`) or for the endless stream (`stream`)."""
+        if kind in self._loaders:
+            return self._loaders[kind]
+        spec, options = self.spec, self.spec.dataloader
+        workers = options.num_workers
+        context = multiprocessing.get_context(_start_method(options.start_method))
+        init = _WorkerInit(context, workers)
+        if kind == "stream":
+            batching: dict[str, Any] = {
+                "batch_sampler": EndlessBatches(len(self.shard), spec.batch_size)
+            }
+        else:
+            batching = {"batch_size": spec.batch_size, "shuffle": False, "drop_last": False}
+        with _quiet_about_worker_count():
+            loader = DataLoader(
+                self._dataset,
+                **batching,  # the read order is the dataset's, the same as DALI's
+                num_workers=workers,
+                collate_fn=_Collate(spec),
+                pin_memory=options.pin_memory and spec.device is not None,
+                prefetch_factor=options.prefetch_factor if workers > 0 else None,
+                persistent_workers=options.persistent_workers and workers > 0,
+                worker_init_fn=init,
+                generator=torch.Generator().manual_seed(spec.seed),
+                multiprocessing_context=context if workers > 0 else None,
+            )
+        self._loaders[kind] = (loader, init)
+        return loader, init
+
     def close(self) -> None:
-        iterator = getattr(self._loader, "_iterator", None)  # kept alive by persistent workers
-        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
-            iterator._shutdown_workers()
-        self._loader._iterator = None
+        iterators = [self._stream] + [  # persistent workers keep the epoch iterator alive
+            getattr(loader, "_iterator", None) for loader, _ in self._loaders.values()
+        ]
+        for iterator in iterators:
+            if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+                iterator._shutdown_workers()
+        for loader, _ in self._loaders.values():
+            loader._iterator = None
+        self._stream = None
+
+
+class EndlessBatches:
+    """Batches of a shard's indices without end: 0 .. n-1 in order, again and again. A batch
+    may hold the end of one pass and the start of the next, so every batch is full."""
+
+    def __init__(self, samples: int, batch_size: int) -> None:
+        self.samples, self.batch_size = samples, batch_size
+
+    def __iter__(self) -> Iterator[list[int]]:
+        first = 0
+        while True:
+            yield [(first + i) % self.samples for i in range(self.batch_size)]
+            first = (first + self.batch_size) % self.samples
 
 
 class Normalizer:
@@ -125,7 +185,7 @@ class ShardDataset(torch.utils.data.Dataset[_Sample]):
         self.labels = labels
         self.image_size = spec.image_size
         self.augmentation = spec.augmentation
-        self.rng = random.Random(spec.seed)  # reseeded per worker by _seed_worker
+        self.rng = random.Random(spec.seed)  # reseeded per worker by _WorkerInit
 
     def __len__(self) -> int:
         return len(self.files)
@@ -219,7 +279,7 @@ class _Collate:
 
     def __init__(self, spec: PipelineSpec) -> None:
         self.image_size = spec.image_size
-        self.float_output = spec.dataloader.output_dtype is OutputDtype.FLOAT32
+        self.float_output = spec.output_dtype is OutputDtype.FLOAT32
         self.normalize = Normalizer(spec.augmentation, torch.device("cpu"))
 
     def __call__(self, samples: list[_Sample]) -> _WorkerBatch:
@@ -255,8 +315,25 @@ def _start_method(asked: str | None) -> str:
     return asked or multiprocessing.get_all_start_methods()[0]
 
 
-def _seed_worker(worker_id: int) -> None:
-    info = get_worker_info()
-    if info is not None and isinstance(info.dataset, ShardDataset):
-        # the loader draws each worker's seed from its generator, seeded with spec.seed
-        info.dataset.rng = random.Random(info.seed)
+class _WorkerInit:
+    """Each worker's `worker_init_fn`: seeds its augmentation and notes when it was ready, in
+    memory shared with the main process (which reads the time its first batch's worker was
+    ready: the end of the loader's start, the start of the prefetch's refill)."""
+
+    def __init__(self, context: Any, workers: int) -> None:
+        self._ready = context.RawArray("q", max(1, workers))
+
+    def __call__(self, worker_id: int) -> None:
+        info = get_worker_info()
+        if info is not None and isinstance(info.dataset, ShardDataset):
+            # the loader draws each worker's seed from its generator, seeded with spec.seed
+            info.dataset.rng = random.Random(info.seed)
+        self._ready[worker_id] = time.monotonic_ns()
+
+    def ready_ns(self, started_ns: int, iterated_ns: int) -> int:
+        """When the first batch's worker (worker 0) was ready for a reading that `iter()`
+        started at `started_ns` and returned from at `iterated_ns`: when it had started, if it
+        started for this reading; else when `iter()` returned (persistent workers, which it
+        tells to resume and waits for, or no workers at all)."""
+        ready = int(self._ready[0])
+        return ready if ready >= started_ns else iterated_ns

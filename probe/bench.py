@@ -36,7 +36,7 @@ def describe_settings(spec: PipelineSpec, backend: Backend) -> str:
     """The knobs that decide a backend's throughput, in one short line."""
     if backend is Backend.TORCH:
         options = spec.dataloader
-        return f"num_workers={options.num_workers} {options.output_dtype.value}"
+        return f"num_workers={options.num_workers} {spec.output_dtype.value}"
     return f"decoder={spec.dali_decoder.value} num_threads={spec.dali.num_threads}"
 
 
@@ -65,7 +65,7 @@ def bench_pipeline(
     sync = device_sync(spec.device)
     started = time.perf_counter()
     with build_pipeline(spec, backend, dataset=dataset) as pipeline:
-        batches = pipeline.forever()
+        batches = pipeline.stream()
         for _ in range(warmup_batches):
             next(batches)
         sync()

@@ -13,6 +13,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields, replace
@@ -50,15 +51,21 @@ from pipelines.sample_data import (
 from probe import terminal
 from probe.bench import BenchResult, bench_pipeline, describe_settings
 from probe.consumers import check_model, parse_consumer
+from probe.lane import Read
+from probe.steady import MAX_MEASURE_S, PRECISION
 from probe.store import RunStatus, Store
 
 if TYPE_CHECKING:
     from probe.distributed import Rank
     from probe.runner import ProbeConfig  # imported where used: it brings torch
 
+STARTED = time.monotonic()  # the command's start: a session's budget counts from it
 BENCH_SCHEMA = "feedscope.bench/1"
+GPU_BATCH_SIZE, CPU_BATCH_SIZE = 128, 32
 EXIT_FAILED, EXIT_INTERRUPTED = 1, 130
 DOCTOR_CONSUMER = "sleep:30"  # what ResNet-50 takes per batch of 128 on one H200: 30 ms
+# A GPU session builds, moves and tunes a model before its first point; a CPU one has none.
+DOCTOR_BUDGET_S = {"gpu": 120.0, "cpu": 60.0}
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -84,26 +91,34 @@ class PipelineArgs:
     """The pipeline options of a measuring command, as given."""
 
     data_dir: Path | None
-    batch_size: int
+    batch_size: int | None
     image_size: int
     workers: int | None
     threads: int | None
     decoder: str | None
-    dtype: str
+    dtype: str | None
+    persistent_workers: bool
+    start_method: str | None
     skip_corrupt: bool
 
-    def spec(self, device: int | None, cores: int) -> PipelineSpec:
-        """The spec they describe (workers and threads default to `cores`), validated before
-        any long work starts; the data folder is the sample data's until it is resolved."""
+    def spec(self, device: int | None, cores: int, on_gpu: bool | None = None) -> PipelineSpec:
+        """The spec they describe (workers and threads default to `cores`, the batch size to
+        one for a GPU or for the CPU), validated before any long work starts; the data folder
+        is the sample data's until it is resolved."""
+        gpu = device is not None if on_gpu is None else on_gpu
         return PipelineSpec(
             data_dir=self.data_dir if self.data_dir is not None else default_sample_dir(),
-            batch_size=self.batch_size,
+            batch_size=(GPU_BATCH_SIZE if gpu else CPU_BATCH_SIZE)
+            if self.batch_size is None
+            else self.batch_size,
             image_size=self.image_size,
             device=device,
             skip_corrupt=self.skip_corrupt,
             dataloader=DataLoaderOptions(
                 num_workers=cores if self.workers is None else self.workers,
-                output_dtype=OutputDtype(self.dtype),
+                output_dtype=None if self.dtype is None else OutputDtype(self.dtype),
+                persistent_workers=self.persistent_workers,
+                start_method=self.start_method,
             ),
             dali=DaliOptions(
                 num_threads=cores if self.threads is None else self.threads,
@@ -114,13 +129,32 @@ class PipelineArgs:
 
 @dataclass(frozen=True)
 class LaneArgs:
-    """Where and how a probe runs: GPUs, shards, consumer, warm-up, sampling."""
+    """Where and how a probe runs: GPUs, shards, consumer, reading, warm-up, precision,
+    sampling."""
 
     gpus: str | None
     num_shards: int | None
     consumer: str
-    warmup: int
+    read: str
+    warmup: str
+    precision: str
     sample_hz: float
+
+    def warmup_batches(self) -> int | None:
+        """`--warmup`: None for auto (until the rate settles), else a number of batches."""
+        if self.warmup.strip().lower() == "auto":
+            return None
+        try:
+            return int(self.warmup)
+        except ValueError:
+            raise InputError(
+                f"--warmup takes auto or a number of batches (got {self.warmup!r})"
+            ) from None
+
+    def precision_share(self) -> float:
+        from probe.gate import parse_share
+
+        return parse_share(self.precision, "--precision")
 
 
 def _options(*options: Callable[[F], F]) -> Callable[[F], F]:
@@ -154,7 +188,9 @@ _pipeline_options = _bundled(
             "--data", "data_dir", type=click.Path(path_type=Path), default=None,
             help="Class-per-folder dataset.  [default: the built-in sample data]",
         ),
-        click.option("--batch-size", default=128, show_default=True, type=int),
+        click.option("--batch-size", default=None, type=int,
+                     help=f"Images per batch.  [default: {GPU_BATCH_SIZE} on a GPU, "
+                          f"{CPU_BATCH_SIZE} on the CPU]"),
         click.option("--image-size", default=224, show_default=True, type=int,
                      help="Output side in pixels (square)."),
         click.option("--workers", default=None, type=int,
@@ -163,16 +199,23 @@ _pipeline_options = _bundled(
                      help="DALI CPU threads.  [default: the CPU cores per lane]"),
         click.option("--decoder", type=click.Choice(["mixed", "cpu"]), default=None,
                      help="DALI decoder.  [default: mixed on a GPU, cpu without]"),
-        click.option("--dtype", type=click.Choice(["uint8", "float32"]), default="uint8",
+        click.option("--dtype", type=click.Choice(["uint8", "float32"]), default=None,
+                     help="What DataLoader workers hand over (uint8: normalized on the device).  "
+                          "[default: uint8 to a GPU, float32 on the CPU]"),
+        click.option("--persistent-workers/--no-persistent-workers", default=True,
                      show_default=True,
-                     help="What DataLoader workers hand over (uint8: normalized on the device)."),
+                     help="DataLoader workers kept from one epoch to the next (--read epochs)."),
+        click.option("--start-method", type=click.Choice(["fork", "spawn", "forkserver"]),
+                     default=None,
+                     help="How DataLoader workers start.  [default: as a fresh Python process "
+                          "starts them]"),
         click.option("--skip-corrupt", is_flag=True, help="Skip and count undecodable images."),
     ],
     "pipeline",
 )  # fmt: skip
 
 
-def _lane_options(consumer: str, warmup: int) -> Callable[[F], F]:
+def _lane_options(consumer: str) -> Callable[[F], F]:
     return _bundled(
         LaneArgs,
         [
@@ -185,8 +228,17 @@ def _lane_options(consumer: str, warmup: int) -> Callable[[F], F]:
             click.option("--consumer", default=consumer, show_default=True,
                          help="What eats the batches: none, sleep:MS (a step of MS ms), or "
                               "model:NAME (a training step, e.g. model:resnet50)."),
-            click.option("--warmup", default=warmup, show_default=True, type=int,
-                         help="Batches per lane before measuring (not counted)."),
+            click.option("--read", type=click.Choice([r.value for r in Read]),
+                         default=Read.STREAM.value, show_default=True,
+                         help="stream: the shard as one endless stream (steady state); epochs: "
+                              "epoch by epoch, the loader restarted at each, as a for loop per "
+                              "epoch does."),
+            click.option("--warmup", default="auto", show_default=True,
+                         help="Batches per lane before measuring (not counted), or auto: until "
+                              "the rate settles."),
+            click.option("--precision", default=f"{PRECISION:.0%}", show_default=True,
+                         help="Measure until images/s is known within this (95%), unless "
+                              "--batches or --duration fix the length."),
             click.option("--sample-hz", default=10.0, show_default=True, type=float,
                          help="Hardware samples per second (0: none)."),
         ],
@@ -325,16 +377,21 @@ def bench(
 
 @cli.command()
 @_pipeline_options
-@_lane_options(consumer="none", warmup=5)
+@_lane_options(consumer="none")
 @_json_option
 @_store_option
 @_backend_option()
-@click.option("--batches", default=None, type=int, help="Measured batches per lane.")
+@click.option(
+    "--batches",
+    default=None,
+    type=int,
+    help="Measured batches per lane.  [default: until --precision]",
+)
 @click.option(
     "--duration",
     default=None,
     type=float,
-    help="Measured seconds per lane.  [default: 10 unless --batches is given]",
+    help=f"Measured seconds per lane.  [default: until --precision, at most {MAX_MEASURE_S:g} s]",
 )
 @click.option("--label", default=None, help="A name for the run, shown in listings.")  # fmt: skip
 @click.option("--no-gather", is_flag=True,
@@ -362,8 +419,6 @@ def run(
     from probe.distributed import torchrun_rank
     from probe.runner import run_probe
 
-    if duration is None and batches is None:
-        duration = 10.0
     rank = torchrun_rank()
     if rank is not None:
         _run_ranked(rank, pipeline, lanes, as_json, db, Backend(backend), batches, duration,
@@ -372,7 +427,7 @@ def run(
     if no_gather:
         raise InputError("--no-gather is for runs under torchrun")
     config, store = _prepare(pipeline, lanes, db, Backend(backend), batches, duration, label)
-    _announce(config, lanes, store, pipeline)
+    _announce(config, lanes, store)
     stop = threading.Event()
     with (
         _stopping_on_signals(stop),
@@ -448,7 +503,7 @@ def _run_ranked(
             raise InputError(first if rank.rank == 0 else f"rank {errors.index(first)}: {first}")
         config, store = prepared
         if rank.rank == 0:
-            _announce(config, lanes, store, pipeline)
+            _announce(config, lanes, store)
         run_id = distributed.shared_run_id(rank, new_run_id)
         stop = threading.Event()
         with (
@@ -480,7 +535,7 @@ def _run_ranked(
 
 @cli.command()
 @_pipeline_options
-@_lane_options(consumer="none", warmup=3)
+@_lane_options(consumer="none")
 @_json_option
 @_store_option
 @_backend_option("torch sweeps num_workers; dali sweeps num_threads.")
@@ -503,23 +558,27 @@ def sweep(
 ) -> None:
     """Sweep DataLoader workers (or DALI threads): each setting a run; find the knee.
 
-    The knee is the smallest setting within 5% of the best throughput measured; settings past
-    the best that measured more than 5% slower are flagged oversubscribed. The sweep stops early
-    once throughput has clearly fallen past its peak.
+    The lanes start once and stay warm; each setting rebuilds only the pipeline and is measured
+    until its images/s is known within --precision. The knee is the smallest setting not
+    significantly below 95% of the best; settings past the best that are significantly below
+    it are flagged oversubscribed. The sweep stops once throughput has clearly fallen past its
+    peak, and drops the settings its budget cannot fit.
     """
     from probe.diagnose import ladder
-    from probe.sweep import check_budget, run_sweep
+    from probe.sweep import run_sweep
 
     knob = "num_workers" if backend == Backend.TORCH.value else "num_threads"
-    check_budget(budget, 2, "a sweep")
-    config, store = _prepare(pipeline, lanes, db, Backend(backend), None, 1.0, None)
+    config, store = _prepare(pipeline, lanes, db, Backend(backend), None, None, None,
+                             budget=(budget, 2, "a sweep"))  # fmt: skip
     settings = _int_list(values, "--values") if values else ladder(_cores_per_lane(config))
     _err.print(
         f"sweep: {knob} over {', '.join(map(str, settings))}; consumer {config.consumer}; "
-        f"budget {budget:g} s; store: {store.path}"
+        f"each until images/s is known within {config.precision:.0%}; budget {budget:g} s; "
+        f"store: {store.path}"
     )
     with _stopping_on_signals(stop := threading.Event()):
-        document = run_sweep(config, knob, settings, budget, store, stop=stop, on_event=_narrate)
+        document = run_sweep(config, knob, settings, budget, store, stop=stop, on_event=_narrate,
+                             started=STARTED)  # fmt: skip
     store.close()
     if as_json:
         click.echo(json.dumps(document, indent=2))
@@ -532,30 +591,45 @@ def sweep(
 
 @cli.command()
 @_pipeline_options
-@_lane_options(consumer=DOCTOR_CONSUMER, warmup=3)
+@_lane_options(consumer=DOCTOR_CONSUMER)
 @_json_option
 @_store_option
-@click.option("--budget", default=45.0, show_default=True, type=float,
-              help="Seconds for the whole diagnosis, start-ups included.")  # fmt: skip
+@click.option("--budget", default=None, type=float,
+              help="Seconds for the whole diagnosis, start-ups included; it ends sooner when "
+                   f"its search does.  [default: {DOCTOR_BUDGET_S['gpu']:g} on GPUs, "
+                   f"{DOCTOR_BUDGET_S['cpu']:g} on the CPU]")  # fmt: skip
 def doctor(
     pipeline: PipelineArgs,
     lanes: LaneArgs,
     as_json: bool,
     db: Path | None,
-    budget: float,
+    budget: float | None,
 ) -> None:
     """The whole diagnosis: is the GPU starved, why, and what to change; verified by running it.
 
-    Sweeps DataLoader workers with the consumer, runs DALI with it (mixed on a GPU, cpu without),
-    judges your setting (--workers, default the cores per GPU), ranks the changes by measured
-    throughput, and runs the first one again to check it. The default consumer is a 30 ms step
-    per batch: what ResNet-50 takes at batch 128 on one H200.
+    On lanes kept warm (the consumer built, tuned and timed alone once), it measures your
+    setting (--workers, default the cores per GPU), searches DataLoader workers from it, runs
+    DALI (mixed on a GPU, cpu without), reads your setting epoch by epoch where the shard is
+    short enough for epoch starts to matter, ranks the changes by measured throughput, and runs
+    the first one again to check it. Every point is measured until its images/s is known within
+    --precision. The default consumer is a 30 ms step per batch: what ResNet-50 takes at batch
+    128 on one H200.
     """
     from probe.diagnose import ladder
-    from probe.sweep import check_budget, doctor_minimum, run_doctor
+    from probe.sweep import run_doctor
 
-    check_budget(budget, *doctor_minimum())
-    config, store = _prepare(pipeline, lanes, db, Backend.TORCH, None, 1.0, None)
+    if lanes.read != Read.STREAM.value:
+        raise InputError(
+            "--read: the doctor reads your setting both ways itself (as one stream, and epoch "
+            "by epoch where the epochs are short enough to matter); leave --read out"
+        )
+    if budget is None:
+        from probe.devices import cuda_devices, select_gpus
+
+        on_gpu = select_gpus(lanes.gpus, cuda_devices()) is not None
+        budget = DOCTOR_BUDGET_S["gpu" if on_gpu else "cpu"]
+    config, store = _prepare(pipeline, lanes, db, Backend.TORCH, None, None, None,
+                             budget=(budget, 1, "a diagnosis"))  # fmt: skip
     cores = _cores_per_lane(config)
     baseline = config.spec.dataloader.num_workers
     on_gpu = config.lanes[0].device is not None
@@ -567,17 +641,21 @@ def doctor(
             "about that at batch 128 on one H200); give --consumer for yours"
         )
     _err.print(
-        f"doctor: DataLoader num_workers over {', '.join(map(str, settings))} (yours: {baseline}), "
-        f"then DALI with {threads} threads, then a verification; budget {budget:g} s; "
-        f"store: {store.path}"
+        f"doctor: yours (num_workers={baseline}) first, then DataLoader workers from it over "
+        f"{', '.join(map(str, settings))}, DALI with {threads} threads, the epoch reading where "
+        f"it matters, and a verification; each point until images/s is known within "
+        f"{config.precision:.0%}; budget {budget:g} s; store: {store.path}"
     )
     with _stopping_on_signals(stop := threading.Event()):
         document = run_doctor(
-            config, settings, baseline, threads, budget, store, stop=stop, on_event=_narrate
-        )
+            config, settings, baseline, threads, budget, store, stop=stop, on_event=_narrate,
+            started=STARTED,
+        )  # fmt: skip
     store.close()
     if as_json:
         click.echo(json.dumps(document, indent=2))
+    elif document["verdict"] is None:
+        _err.print(f"no answer: {document['reason']} (session {document['session_id']})")
     else:
         _out.print(terminal.sweep_table(document["sweep"], "num_workers", document))
         _print_lines(terminal.doctor_lines(document), console=_out)
@@ -771,7 +849,9 @@ def _show_session(document: dict[str, Any], as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(document, indent=2))
         return
-    if document["schema"].startswith("feedscope.doctor"):
+    if document["schema"].startswith("feedscope.doctor") and document["verdict"] is None:
+        _print_lines([f"session {document['session_id']}: no answer: {document['reason']}"])
+    elif document["schema"].startswith("feedscope.doctor"):
         _out.print(terminal.sweep_table(document["sweep"], "num_workers", document))
         _print_lines(terminal.doctor_lines(document), console=_out)
     else:
@@ -788,9 +868,11 @@ def _prepare(
     duration: float | None,
     label: str | None,
     rank: Rank | None = None,
+    budget: tuple[float, int, str] | None = None,
 ) -> tuple[ProbeConfig, Store]:
-    """Checks everything a probe needs, cheapest first; opens the store; then resolves the data
-    (generating the sample data on first use). Under torchrun, the rank's one lane."""
+    """Checks everything a probe needs, cheapest first (with `budget`, that the seconds given
+    fit so many points of a session); opens the store; then resolves the data (generating the
+    sample data on first use). Under torchrun, the rank's one lane."""
     from probe.devices import cuda_devices, select_gpus
     from probe.runner import ProbeConfig, check_config, plan_lanes, rank_plan
 
@@ -802,27 +884,34 @@ def _prepare(
     else:
         plans = (rank_plan(rank, cuda_devices() if lanes.gpus != "none" else []),)
         lanes_here = rank.local_world_size
-    spec = pipeline.spec(None, max(1, available_cpus() // lanes_here))
+    on_gpu = any(plan.device is not None for plan in plans)
+    spec = pipeline.spec(None, max(1, available_cpus() // lanes_here), on_gpu=on_gpu)
     config = ProbeConfig(
         backend=backend,
         spec=spec,
         lanes=plans,
         consumer=consumer,
-        warmup=lanes.warmup,
+        read=Read(lanes.read),
+        warmup=lanes.warmup_batches(),
         batches=batches,
         duration_s=duration,
+        precision=lanes.precision_share(),
         sample_hz=lanes.sample_hz,
         label=label,
         torchrun=rank is not None,
     )
     check_backend(backend)
+    if budget is not None:
+        from probe.sweep import check_budget
+
+        check_budget(budget[0], budget[1], config, budget[2])
     store = Store(db)
     config = replace(config, spec=replace(spec, data_dir=_resolve_data(pipeline.data_dir)))
     check_config(config)  # the dataset and its shards, before anything is announced
     return config, store
 
 
-def _announce(config: ProbeConfig, lanes: LaneArgs, store: Store, pipeline: PipelineArgs) -> None:
+def _announce(config: ProbeConfig, lanes: LaneArgs, store: Store) -> None:
     from probe.devices import cuda_devices, describe
 
     devices = [p.device for p in config.lanes if p.device is not None]
@@ -839,7 +928,36 @@ def _announce(config: ProbeConfig, lanes: LaneArgs, store: Store, pipeline: Pipe
         where = (
             "GPU " + describe(devices) + ("" if lanes.gpus else " (all visible; pick with --gpus)")
         )
-    stop_rule = " or ".join(
+    options = describe_settings(config.lane_spec(config.lanes[0]), config.backend)
+    _err.print(
+        f"probe: {config.backend.value} ({options}, batch {config.spec.batch_size}) on {where}; "
+        f"consumer {config.consumer}; reading the shard {_reading_text(config)}; "
+        f"{_warmup_text(config)}, then {_stop_text(config)} per lane; samples at "
+        f"{config.sample_hz:g} Hz"
+    )
+    _err.print(f"data: {config.spec.data_dir}; store: {store.path}")
+
+
+def _reading_text(config: ProbeConfig) -> str:
+    if config.read is Read.STREAM:
+        return "as one stream"
+    persistent = config.spec.dataloader.persistent_workers
+    restart = "" if config.backend is Backend.DALI else (
+        ", workers kept" if persistent else ", workers started anew each epoch"
+    )  # fmt: skip
+    return f"epoch by epoch{restart}"
+
+
+def _warmup_text(config: ProbeConfig) -> str:
+    if config.warmup is None:
+        return "warm-up until the rate settles"
+    return f"{config.warmup} warm-up batches"
+
+
+def _stop_text(config: ProbeConfig) -> str:
+    if config.until_precise:
+        return f"until images/s is known within {config.precision:.0%} (at most {config.max_s:g} s)"
+    return " or ".join(
         part
         for part in (
             f"{config.batches} batches" if config.batches else "",
@@ -847,26 +965,14 @@ def _announce(config: ProbeConfig, lanes: LaneArgs, store: Store, pipeline: Pipe
         )
         if part
     )
-    options = describe_settings(config.lane_spec(config.lanes[0]), config.backend)
-    _err.print(
-        f"probe: {config.backend.value} ({options}, batch {pipeline.batch_size}) on {where}; "
-        f"consumer {config.consumer}; {config.warmup} warm-up batches, then {stop_rule} per "
-        f"lane; samples at {config.sample_hz:g} Hz"
-    )
-    _err.print(f"data: {config.spec.data_dir}; store: {store.path}")
 
 
 def _narrate(kind: str, payload: dict[str, Any]) -> None:
     """One line per run of a sweep or doctor session."""
     if kind == "start":
-        _err.print(f"measuring {payload['label']} for {payload['duration_s']:.1f} s")
+        _err.print(f"measuring {payload['label']} (at most {payload['max_s']:.0f} s)")
     elif kind == "run":
-        waits = [x["data_wait_frac"] for x in payload["lanes"] if x["data_wait_frac"] is not None]
-        wait = f", data-wait {max(waits):.0%}" if waits else ""
-        _err.print(
-            f"  {payload['images_per_s']:,.0f} images/s{wait} ({payload['status']}, run "
-            f"{payload['run_id']})"
-        )
+        _err.print(f"  {terminal.run_line(payload)}", markup=False)
 
 
 def _cores_per_lane(config: ProbeConfig) -> int:

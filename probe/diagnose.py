@@ -14,11 +14,12 @@ input-bound, and so does this.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from enum import Enum
 from typing import Any
 
+from probe.steady import MIN_BLOCKS, Estimate, at_least, plus_minus
 from probe.store import LaneRecord, RunRecord, RunStatus, Store
 from probe.summary import figures_from_store
 
@@ -31,10 +32,16 @@ IOWAIT_BOUND_PCT = 10.0  # share of CPU time spent waiting for the disk
 NVJPG_SATURATED_PCT = 90.0  # hardware JPEG decoder busy share
 KNEE_WITHIN = 0.05  # a sweep's knee: the smallest setting within 5% of the best
 PAST_PEAK = 0.05  # larger settings this far below the best are oversubscribed
-STOP_SWEEP_BELOW = 0.90  # a sweep stops once a point past the peak falls below 90% of it
 DALI_WORTH_IT = 0.15  # a DALI migration must gain at least 15% over the best DataLoader
 IMBALANCE = 0.15  # lanes' images/s differing by more than this share of the fastest
 STEP_STALL = 1.5  # mean step over median step: steps stall (the loop waits for CPU too)
+EPOCH_START_SHARE = 0.05  # epoch starts costing this share of the time are a finding
+LONGER_EPOCHS = 4  # "longer epochs" is predicted for epochs this many times as long
+# Other processes using this share of the host's cores (and at least OTHER_LOAD_MIN_CORES), or
+# this much steal, could have moved a CPU-bound answer: the figures are not trusted then.
+OTHER_LOAD_SHARE = 0.10
+OTHER_LOAD_MIN_CORES = 0.25
+STEAL_MOVES_PCT = 5.0
 
 
 class VerdictKind(str, Enum):
@@ -49,6 +56,8 @@ class VerdictKind(str, Enum):
     DALI_THREADS_SATURATED = "dali_threads_saturated"
     SHARD_IMBALANCE = "shard_imbalance"
     SHARED_CORES = "shared_cores"
+    EPOCH_START_STALL = "epoch_start_stall"
+    HOST_BUSY = "host_busy"
     PIPELINE_ONLY = "pipeline_only"
     UNKNOWN = "unknown"
 
@@ -64,6 +73,7 @@ STARVED = frozenset(
         VerdictKind.DALI_DECODER_SATURATED,
         VerdictKind.DALI_THREADS_SATURATED,
         VerdictKind.SHARED_CORES,
+        VerdictKind.EPOCH_START_STALL,
     }
 )
 
@@ -81,6 +91,13 @@ TITLES = {
     VerdictKind.DALI_THREADS_SATURATED: "starved: DALI's CPU threads are saturated",
     VerdictKind.SHARD_IMBALANCE: "shard imbalance: some GPUs wait for the slowest",
     VerdictKind.SHARED_CORES: "several lanes' loaders share too few cores",
+    VerdictKind.EPOCH_START_STALL: (
+        "starved at epoch starts: the loader's prefetch drains at every epoch's end"
+    ),
+    VerdictKind.HOST_BUSY: (
+        "the host was busy: other processes took CPU the pipeline needs, so these figures "
+        "cannot be trusted"
+    ),
     VerdictKind.PIPELINE_ONLY: "the pipeline alone: its capacity (no consumer to starve)",
     VerdictKind.UNKNOWN: "not enough measured to judge",
 }
@@ -117,6 +134,7 @@ class Verdict:
     evidence: tuple[Evidence, ...]
     lane: int | None = None  # None: the whole run
     partial: bool = False  # judged from a run that did not complete
+    reliable: bool = True  # False: the host's other load could have moved it
 
     @property
     def title(self) -> str:
@@ -136,6 +154,7 @@ class Recommendation:
     basis: str  # how the prediction was made
     measured_images_per_s: float | None = None  # once verified by running it
     notes: tuple[str, ...] = ()  # what it frees and costs, or why not more
+    predicted_error: float | None = None  # of a prediction measured: its 95% half-width
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -175,6 +194,14 @@ class LaneFacts:
     kernel_active_pct: float | None
     nvjpg_pct: float | None
     memory_used_mib: float | None
+    images_per_s_error: float | None = None  # 95% interval half-width
+    data_wait_frac_error: float | None = None
+    blocks: int = 0  # the blocks its errors rest on
+    persistent_workers: bool | None = None  # DataLoader
+    epoch_start: dict[str, Any] | None = None  # what its epoch starts cost (probe.summary)
+    consumer_alone: dict[str, Any] | None = None  # the consumer on batches on the device
+    host_other_cores: float | None = None  # cores other processes used meanwhile ...
+    machine_cores: int | None = None  # ... of all the machine's (not only those it may use)
 
     @property
     def cores_per_lane(self) -> float:
@@ -199,10 +226,50 @@ class LaneFacts:
 
     @property
     def consumer_images_per_s(self) -> float | None:
-        """What the consumer alone could take: a batch per median step."""
+        """What the consumer alone could take: as measured on batches already on the device,
+        else a batch per median step (under the loader's load)."""
+        if self.consumer_alone and self.consumer_alone.get("images_per_s"):
+            return float(self.consumer_alone["images_per_s"])
         if not self.step_ms_p50 or self.step_ms_p50 <= 0.01:
             return None
         return self.batch_size / (self.step_ms_p50 / 1000)
+
+    @property
+    def epoch_share(self) -> float:
+        """The share of the time its epoch starts cost (0 when none was measured)."""
+        return float(self.epoch_start["share"]) if self.epoch_start else 0.0
+
+    @property
+    def epoch_stalls_most(self) -> bool:
+        """Whether epoch starts cost EPOCH_START_SHARE or more, and most of the data-wait."""
+        wait = self.data_wait_frac or 0.0
+        return self.epoch_share >= EPOCH_START_SHARE and self.epoch_share >= wait / 2
+
+    @property
+    def steady_wait(self) -> float | None:
+        """Its data-wait with the epoch starts' stalls taken out."""
+        wait = self.data_wait_frac
+        share = self.epoch_share
+        if wait is None or not share or share >= 1:
+            return wait
+        return max(0.0, (wait - share) / (1 - share))
+
+    @property
+    def cpu_saturated(self) -> bool:
+        """Whether the host, or the lane's share of its cores, has no CPU left."""
+        if self.host_cpu_pct is not None and self.host_cpu_pct >= CPU_SATURATED_PCT:
+            return True
+        share = CPU_SATURATED_PCT * self.cores_per_lane
+        return self.lane_cpu_pct is not None and self.lane_cpu_pct >= share
+
+    @property
+    def host_busy(self) -> bool:
+        """Whether other processes (or the hypervisor) took enough CPU to move the answer."""
+        steal = self.steal_pct or 0.0
+        other = self.host_other_cores or 0.0
+        cores = self.machine_cores or self.host_cpus
+        enough = max(OTHER_LOAD_MIN_CORES, OTHER_LOAD_SHARE * cores)
+        return steal >= STEAL_MOVES_PCT or other >= enough
 
     @property
     def setting(self) -> str:
@@ -221,6 +288,13 @@ def lane_facts(store: Store, run: RunRecord, lane: LaneRecord) -> LaneFacts:
     spec = run.config.get("spec", {})
     loader, dali = spec.get("dataloader", {}), spec.get("dali", {})
     torch_lane = run.pipeline == "torch"
+    on_gpu = lane.gpu_index is not None
+    machine = run.host.get("nodes", {}).get(lane.hostname, run.host)
+    other = None
+    cores = machine.get("cpu_cores_total") or machine.get("cpus") or 1
+    busy, tree = host.get("cpu_pct"), host.get("tree_cpu_pct")
+    if busy is not None and tree is not None:  # the machine's busy cores less the run's own
+        other = max(0.0, busy / 100 * cores - tree / 100)
     return LaneFacts(
         lane=lane.lane,
         status=lane.status.value,
@@ -234,12 +308,14 @@ def lane_facts(store: Store, run: RunRecord, lane: LaneRecord) -> LaneFacts:
         step_ms_mean=stats["step_mean_s"] * 1e3 if stats["n"] else None,
         num_workers=loader.get("num_workers") if torch_lane else None,
         pin_memory=loader.get("pin_memory") if torch_lane else None,
-        output_dtype=loader.get("output_dtype") if torch_lane else None,
+        output_dtype=(loader.get("output_dtype") or ("uint8" if on_gpu else "float32"))
+        if torch_lane
+        else None,
         num_threads=None if torch_lane else dali.get("num_threads"),
         decoder=None if torch_lane else _dali_decoder(dali, lane),
-        on_gpu=lane.gpu_index is not None,
+        on_gpu=on_gpu,
         hostname=lane.hostname,
-        host_cpus=int(run.host.get("nodes", {}).get(lane.hostname, run.host).get("cpus") or 1),
+        host_cpus=int(machine.get("cpus") or 1),
         lanes_on_host=sum(1 for x in store.lanes(run.run_id) if x.hostname == lane.hostname),
         host_cpu_pct=host.get("cpu_pct"),
         iowait_pct=host.get("iowait_pct"),
@@ -252,6 +328,14 @@ def lane_facts(store: Store, run: RunRecord, lane: LaneRecord) -> LaneFacts:
         kernel_active_pct=figures.get("kernel_active_pct"),
         nvjpg_pct=figures.get("nvjpg_pct"),
         memory_used_mib=figures.get("memory_used_mib"),
+        images_per_s_error=figures.get("images_per_s_error"),
+        data_wait_frac_error=figures.get("data_wait_frac_error"),
+        blocks=figures.get("blocks") or 0,
+        persistent_workers=loader.get("persistent_workers") if torch_lane else None,
+        epoch_start=figures.get("epoch_start"),
+        consumer_alone=figures.get("consumer_alone"),
+        host_other_cores=other,
+        machine_cores=int(cores),
     )
 
 
@@ -260,35 +344,62 @@ def judge_lane(facts: LaneFacts) -> Verdict:
     partial = facts.status != RunStatus.COMPLETED.value
     wait = facts.data_wait_frac
 
-    def verdict(kind: VerdictKind, severity: Severity, evidence: Iterable[Evidence]) -> Verdict:
-        return Verdict(kind, severity, wait, tuple(evidence), facts.lane, partial)
+    def verdict(
+        kind: VerdictKind, severity: Severity, evidence: Iterable[Evidence], reliable: bool = True
+    ) -> Verdict:
+        return Verdict(kind, severity, wait, tuple(evidence), facts.lane, partial, reliable)
 
     if facts.batches == 0:
         note = Evidence("batches", 0.0, f"lane {facts.lane} measured no batch ({facts.status})")
         return Verdict(VerdictKind.UNKNOWN, Severity.NONE, None, (note,), facts.lane, True)
     gpu = _gpu_evidence(facts)
+    load = _host_load_evidence(facts)
+    alone = _consumer_evidence(facts)
     if facts.consumer == "none":
         evidence = [_rate_evidence(facts), *_cpu_evidence(facts), _wait_evidence(facts), *gpu]
-        return verdict(VerdictKind.PIPELINE_ONLY, Severity.NONE, evidence)
+        if facts.epoch_share >= EPOCH_START_SHARE:  # its capacity, less its epoch starts
+            evidence += _epoch_evidence(facts)
+        return verdict(VerdictKind.PIPELINE_ONLY, Severity.NONE, [*evidence, *load])
     severity = severity_of(wait)
-    if severity is Severity.NONE:
-        return verdict(VerdictKind.FED, severity, [_wait_evidence(facts), *gpu, *_step(facts)])
+    if severity is Severity.NONE:  # fed even with the host's other load: that answer holds
+        evidence = [_wait_evidence(facts), *gpu, *_step(facts), *alone, *load]
+        return verdict(VerdictKind.FED, severity, evidence)
+    if facts.host_busy:
+        evidence = [_wait_evidence(facts), *load, *_cpu_evidence(facts), *gpu, *alone]
+        return verdict(VerdictKind.HOST_BUSY, severity, evidence, reliable=False)
+    if facts.epoch_stalls_most:
+        evidence = [_wait_evidence(facts), *_epoch_evidence(facts), *gpu, *alone]
+        return verdict(VerdictKind.EPOCH_START_STALL, severity, evidence)
     kind, why = _cause(facts)
-    return verdict(kind, severity, [_wait_evidence(facts), *gpu, *why])
+    return verdict(kind, severity, [_wait_evidence(facts), *gpu, *why, *alone])
 
 
 def _cause(facts: LaneFacts) -> tuple[VerdictKind, list[Evidence]]:
-    """Why a starved lane starves: the first rule whose numbers are met."""
+    """Why a starved lane starves: the first rule whose numbers are met. When none is met, it
+    says that what holds the loader was not measured, and what to measure next."""
     for rule in (_io_bound, _dali_limits, _main_process_bound, _cpu_limits):
         found = rule(facts)
         if found is not None:
             return found
-    room = Evidence(
-        "num_workers" if facts.backend == "torch" else "num_threads",
+    setting = "num_workers" if facts.backend == "torch" else "num_threads"
+    more = 2 * (facts.loaders or 1)
+    ruled_out = [f"the training loop's thread ({_pct_of(facts.main_thread_cpu_pct)} busy)"]
+    if facts.iowait_pct is not None:
+        ruled_out.append(f"storage (iowait {facts.iowait_pct:.0f}%)")
+    if facts.host_other_cores is not None:
+        ruled_out.append(f"the host's other load ({facts.host_other_cores:.1f} cores)")
+    if facts.epoch_share < EPOCH_START_SHARE:
+        ruled_out.append(f"epoch starts ({facts.epoch_share:.1%} of the time)")
+    unknown = Evidence(
+        setting,
         float(facts.loaders or 0),
-        f"{facts.loaders_text} for {facts.cores_per_lane_text}, yet the CPU is not saturated",
+        f"{facts.loaders_text} for {facts.cores_per_lane_text}, yet the CPU is not saturated; "
+        f"not {', not '.join(ruled_out)}: what holds the loader is not measured here. Measure "
+        "next: the pipeline alone (--consumer none), to see what it can give, and "
+        f"{setting}={more} (`probe sweep --values {facts.loaders},{more}`), to see whether "
+        "more help",
     )
-    return VerdictKind.STARVED_LOADER_LIMIT, [*_cpu_evidence(facts), room, *_stalls(facts)]
+    return VerdictKind.STARVED_LOADER_LIMIT, [*_cpu_evidence(facts), unknown, *_stalls(facts)]
 
 
 _Cause = tuple[VerdictKind, list[Evidence]] | None
@@ -338,18 +449,11 @@ def _main_process_bound(facts: LaneFacts) -> _Cause:
 
 
 def _cpu_limits(facts: LaneFacts) -> _Cause:
-    if _cpu_saturated(facts):
+    if facts.cpu_saturated:
         return VerdictKind.STARVED_CPU_SATURATED, [*_cpu_evidence(facts), *_stalls(facts)]
     if facts.loaders is not None and facts.loaders < facts.cores_per_lane:
         return VerdictKind.STARVED_CPU_HEADROOM, [*_cpu_evidence(facts), *_stalls(facts)]
     return None
-
-
-def _cpu_saturated(facts: LaneFacts) -> bool:
-    if facts.host_cpu_pct is not None and facts.host_cpu_pct >= CPU_SATURATED_PCT:
-        return True
-    share = CPU_SATURATED_PCT / 100 * 100 * facts.cores_per_lane
-    return facts.lane_cpu_pct is not None and facts.lane_cpu_pct >= share
 
 
 @dataclass(frozen=True)
@@ -384,7 +488,7 @@ def diagnose_run(store: Store, run_id: str) -> RunDiagnosis:
 
 def judge_run(run_id: str, status: RunStatus, facts: Sequence[LaneFacts]) -> RunDiagnosis:
     lanes = tuple(judge_lane(f) for f in facts)
-    findings = tuple(_across_lanes(facts, lanes))
+    findings = (*_across_lanes(facts, lanes), *_epoch_findings(facts, lanes))
     partial = status is not RunStatus.COMPLETED or any(v.partial for v in lanes)
     candidates = [*lanes, *findings]
     if not candidates:
@@ -400,14 +504,46 @@ def judge_run(run_id: str, status: RunStatus, facts: Sequence[LaneFacts]) -> Run
         worst.evidence,
         worst.lane,
         partial,
+        all(v.reliable for v in candidates),
     )
-    return RunDiagnosis(run_id, overall, lanes, findings, tuple(recommend(facts, lanes)), partial)
+    recommendations = tuple(recommend(facts, lanes, findings))
+    return RunDiagnosis(run_id, overall, lanes, findings, recommendations, partial)
 
 
-def _rank(verdict: Verdict) -> tuple[int, float]:
+def _rank(verdict: Verdict) -> tuple[int, int, float]:
+    """Untrusted figures first (nothing else can be judged then), then by severity."""
     order = {Severity.HIGH: 3, Severity.MODERATE: 2, Severity.NONE: 1}
     known = 0 if verdict.kind is VerdictKind.UNKNOWN else 1
-    return order[verdict.severity] * 2 + known, verdict.data_wait_frac or 0.0
+    return (
+        (0 if verdict.reliable else 1),
+        order[verdict.severity] * 2 + known,
+        (verdict.data_wait_frac or 0.0),
+    )
+
+
+def _epoch_findings(facts: Sequence[LaneFacts], verdicts: Sequence[Verdict]) -> list[Verdict]:
+    """Epoch starts that cost a lane EPOCH_START_SHARE or more of its time while it also
+    starves between them (where that is all it does, its own verdict says so)."""
+    out = []
+    for fact, verdict in zip(facts, verdicts, strict=True):
+        if fact.epoch_share < EPOCH_START_SHARE or verdict.kind in (
+            VerdictKind.EPOCH_START_STALL,
+            VerdictKind.HOST_BUSY,
+            VerdictKind.PIPELINE_ONLY,  # no consumer to starve: its evidence says what they cost
+            VerdictKind.UNKNOWN,
+        ):
+            continue
+        share = fact.epoch_share
+        out.append(
+            Verdict(
+                VerdictKind.EPOCH_START_STALL,
+                severity_of(share),
+                fact.data_wait_frac,
+                tuple(_epoch_evidence(fact)),
+                fact.lane,
+            )
+        )
+    return out
 
 
 def _across_lanes(facts: Sequence[LaneFacts], verdicts: Sequence[Verdict]) -> list[Verdict]:
@@ -466,6 +602,14 @@ class SweepPoint:
     data_wait_frac: float | None = None
     cpu_pct: float | None = None
     run_id: str | None = None
+    images_per_s_error: float | None = None  # 95% interval half-width
+    blocks: int = MIN_BLOCKS  # the blocks its error rests on
+    data_wait_frac_error: float | None = None
+    host_busy: bool = False  # other processes took enough CPU to move it
+
+    @property
+    def estimate(self) -> Estimate:
+        return Estimate(self.images_per_s, self.images_per_s_error, self.blocks)
 
 
 @dataclass(frozen=True)
@@ -473,8 +617,8 @@ class SweepAnalysis:
     knob: str  # "num_workers" or "num_threads"
     points: tuple[SweepPoint, ...]  # by setting
     best: SweepPoint
-    knee: SweepPoint  # the smallest setting within KNEE_WITHIN of the best
-    oversubscribed: tuple[SweepPoint, ...]  # past the best and more than PAST_PEAK below it
+    knee: SweepPoint  # the smallest setting not significantly below (1 - KNEE_WITHIN) x best
+    oversubscribed: tuple[SweepPoint, ...]  # past the best, significantly below (1 - PAST_PEAK)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -487,7 +631,9 @@ class SweepAnalysis:
 
 
 def analyze_sweep(points: Sequence[SweepPoint], knob: str = "num_workers") -> SweepAnalysis:
-    """The knee and the oversubscribed settings of a sweep.
+    """The knee and the oversubscribed settings of a sweep, judged with each point's error:
+    the knee is the smallest setting whose images/s is not significantly below 95% of the
+    best's; a setting past the best that is significantly below that is oversubscribed.
 
     Raises:
         ValueError: no point measured anything.
@@ -496,21 +642,23 @@ def analyze_sweep(points: Sequence[SweepPoint], knob: str = "num_workers") -> Sw
     if not measured:
         raise ValueError("no sweep point measured any throughput")
     best = max(measured, key=lambda p: p.images_per_s)
-    floor = (1 - KNEE_WITHIN) * best.images_per_s
-    knee = next(p for p in measured if p.images_per_s >= floor)
-    slower = (1 - PAST_PEAK) * best.images_per_s
-    over = tuple(p for p in measured if p.setting > best.setting and p.images_per_s < slower)
+    knee = next(p for p in measured if at_least(p.estimate, 1 - KNEE_WITHIN, best.estimate))
+    over = tuple(
+        p
+        for p in measured
+        if p.setting > best.setting and not at_least(p.estimate, 1 - PAST_PEAK, best.estimate)
+    )
     return SweepAnalysis(knob, tuple(measured), best, knee, over)
 
 
 def past_the_peak(points: Sequence[SweepPoint]) -> bool:
     """Whether a sweep has clearly fallen past its peak: its last point, at a larger setting
-    than the best, is below STOP_SWEEP_BELOW of the best."""
+    than the best, is significantly below 95% of the best."""
     if len(points) < 2:
         return False
     best = max(points, key=lambda p: p.images_per_s)
     last = points[-1]
-    return last.setting > best.setting and last.images_per_s < STOP_SWEEP_BELOW * best.images_per_s
+    return last.setting > best.setting and not at_least(last.estimate, 1 - PAST_PEAK, best.estimate)
 
 
 def ladder(cores_per_lane: int) -> list[int]:
@@ -523,14 +671,18 @@ def ladder(cores_per_lane: int) -> list[int]:
     return sorted(set(steps))
 
 
-def recommend(facts: Sequence[LaneFacts], verdicts: Sequence[Verdict]) -> list[Recommendation]:
+def recommend(
+    facts: Sequence[LaneFacts], verdicts: Sequence[Verdict], findings: Sequence[Verdict] = ()
+) -> list[Recommendation]:
     """Recommendations from one run alone (no sweep): estimates, and said to be."""
     lane, verdict = max(zip(facts, verdicts, strict=True), key=lambda item: _rank(item[1]))
+    if not verdict.reliable:
+        return [_measure_again()]
     out: list[Recommendation] = []
     if verdict.kind is VerdictKind.FED:
         out.append(
             Recommendation(
-                "no change: compute-bound; the pipeline keeps up and DALI would not help",
+                "compute-bound: the pipeline keeps up, and DALI would not help",
                 "no change",
                 sum(f.images_per_s for f in facts),
                 "measured in this run",
@@ -540,13 +692,15 @@ def recommend(facts: Sequence[LaneFacts], verdicts: Sequence[Verdict]) -> list[R
         out.append(_more_workers(lane))
     if verdict.kind is VerdictKind.DALI_THREADS_SATURATED:
         out += _more_threads(lane)
-    if verdict.kind in STARVED - {VerdictKind.IO_BOUND} and lane.backend == "torch":
+    epochs = [*verdicts, *findings]
+    if any(v.kind is VerdictKind.EPOCH_START_STALL for v in epochs):
+        out += epoch_fixes(facts)
+    if verdict.kind in STARVED - {VerdictKind.IO_BOUND, VerdictKind.EPOCH_START_STALL} and (
+        lane.backend == "torch"
+    ):
         out += _transfer_fixes(lane)
-        if verdict.kind in (
-            VerdictKind.STARVED_CPU_SATURATED,
-            VerdictKind.STARVED_LOADER_LIMIT,
-            VerdictKind.MAIN_PROCESS_BOUND,
-        ):
+        # Not for a loader held by something unmeasured: DALI is no answer to an unknown.
+        if verdict.kind in (VerdictKind.STARVED_CPU_SATURATED, VerdictKind.MAIN_PROCESS_BOUND):
             out.append(_to_dali_estimate(lane))
     if verdict.kind is VerdictKind.IO_BOUND:
         out.append(
@@ -568,6 +722,108 @@ def recommend(facts: Sequence[LaneFacts], verdicts: Sequence[Verdict]) -> list[R
             )
         )
     return sorted(out, key=lambda r: -(r.predicted_images_per_s or 0.0))
+
+
+def _measure_again() -> Recommendation:
+    return Recommendation(
+        "measure again on a quiet host: other processes took CPU the pipeline needs, so what "
+        "more workers or DALI would give cannot be told from these figures",
+        "measure again",
+        None,
+        "not predicted: the figures are not trusted",
+    )
+
+
+def epoch_fixes(
+    facts: Sequence[LaneFacts], stream: Mapping[int, float] | None = None, basis: str = ""
+) -> list[Recommendation]:
+    """What takes the epoch starts' stalls away, ranked by the images/s each is predicted to
+    give. A fix that removes a share of a lane's stall moves its time per image that share of
+    the way to its rate without them: measured where `stream` gives it (the same setting read
+    as one stream, per lane; `basis` says where), else its rate between epoch starts."""
+    stalled = [f for f in facts if f.epoch_start and f.epoch_start["stall_ms"] and f.batches]
+    if not stalled:
+        return []
+
+    def predicted(removes: Callable[[LaneFacts, dict[str, Any]], float | None]) -> float | None:
+        """All lanes' images/s with the share `removes(lane, start)` of each stall taken away
+        (None where that share cannot be told)."""
+        total = 0.0
+        for f in facts:
+            start = f.epoch_start
+            if f not in stalled or start is None or not f.images_per_s:
+                total += f.images_per_s
+                continue
+            share = removes(f, start)
+            if share is None:
+                return None
+            steady = (stream or {}).get(f.lane) or start["steady_images_per_s"]
+            floor = 1 / steady if steady else 0.0
+            total += 1 / (floor + (1 / f.images_per_s - floor) * (1 - share))
+        return total
+
+    first = stalled[0]
+    start = first.epoch_start or {}
+    split = start.get("loader_start_ms") is not None
+    steady = basis or "estimated: the rate measured between epoch starts"
+    out = [
+        Recommendation(
+            "read across epoch ends: one endless sampler over the shard's epochs (the read "
+            "order of each epoch kept), so that the prefetch never drains, as feedscope's "
+            "stream reading and timm's MultiEpochsDataLoader do",
+            "sampler=endless",
+            predicted(lambda f, start: 1.0),
+            steady,
+        ),
+        Recommendation(
+            f"make an epoch {LONGER_EPOCHS}x longer (the shard {LONGER_EPOCHS} times over in "
+            "its sampler): the same stall, a quarter as often",
+            f"epoch_length={LONGER_EPOCHS}x",
+            predicted(lambda f, start: 1 - 1 / LONGER_EPOCHS),
+            "estimated: the measured stalls, a quarter as often",
+        ),
+    ]
+    not_split = "not predicted: the loader's start is not measured apart here"
+    if first.backend == "torch" and first.persistent_workers is False:
+        out.append(
+            Recommendation(
+                "keep the workers from one epoch to the next (persistent_workers=True): an "
+                "epoch start no longer starts them; but dataset state set per epoch in the main "
+                "process (set_epoch) then no longer reaches them",
+                "persistent_workers=True",
+                predicted(_starting_share),
+                "estimated: the stall less the loader's measured start" if split else not_split,
+            )
+        )
+    per_epoch = start.get("batches_per_epoch") or 0
+    workers = first.num_workers or 0
+    if first.backend == "torch" and workers > per_epoch > 0:
+        fewer = max(1, math.floor(per_epoch))
+        out.append(
+            Recommendation(
+                f"fewer workers than batches per epoch: {workers} workers for {per_epoch:.0f} "
+                f"batches, so {workers - fewer} of them sit idle at every epoch start, yet each "
+                "is started or resumed with it",
+                f"num_workers={fewer}",
+                predicted(
+                    lambda f, start: (
+                        None
+                        if _starting_share(f, start) is None
+                        else (_starting_share(f, start) or 0.0) * (1 - fewer / workers)
+                    )
+                ),
+                "estimated: the loader's measured start, for fewer workers" if split else not_split,
+            )
+        )
+    return sorted(out, key=lambda r: -(r.predicted_images_per_s or 0.0))
+
+
+def _starting_share(facts: LaneFacts, start: dict[str, Any]) -> float | None:
+    """The share of an epoch start's stall spent starting the loader (None: not measured)."""
+    starting, stall = start.get("loader_start_ms"), start.get("stall_ms")
+    if starting is None or not stall:
+        return None
+    return min(1.0, float(starting) / float(stall))
 
 
 def _more_workers(lane: LaneFacts) -> Recommendation:
@@ -618,7 +874,7 @@ def _transfer_fixes(lane: LaneFacts) -> list[Recommendation]:
                 basis,
             )
         )
-    if lane.output_dtype == "float32":
+    if lane.output_dtype == "float32" and lane.on_gpu:
         out.append(
             Recommendation(
                 "hand over uint8 pixels and normalize on the device (4x less traffic)",
@@ -655,13 +911,14 @@ def _wait_evidence(facts: LaneFacts) -> Evidence:
         Severity.MODERATE: f">= {WAIT_MODERATE:.0%}: moderate",
         Severity.NONE: f"< {WAIT_MODERATE:.0%}",
     }[severity_of(wait)]
-    return Evidence("data_wait_frac", wait, f"data-wait {_pct(wait)} of wall time ({bound})")
+    error = facts.data_wait_frac_error
+    shown = _pct(wait) if error is None else f"{_pct(wait)} ± {error:.1%}"
+    return Evidence("data_wait_frac", wait, f"data-wait {shown} of wall time ({bound})")
 
 
 def _rate_evidence(facts: LaneFacts) -> Evidence:
-    return Evidence(
-        "images_per_s", facts.images_per_s, f"{facts.images_per_s:,.0f} images/s ({facts.setting})"
-    )
+    shown = plus_minus(facts.images_per_s, facts.images_per_s_error)
+    return Evidence("images_per_s", facts.images_per_s, f"{shown} images/s ({facts.setting})")
 
 
 def _gpu_evidence(facts: LaneFacts) -> list[Evidence]:
@@ -693,9 +950,6 @@ def _cpu_evidence(facts: LaneFacts) -> list[Evidence]:
     if facts.main_thread_cpu_pct is not None:
         text = f"training loop thread {facts.main_thread_cpu_pct:.0f}% busy"
         out.append(Evidence("main_thread_cpu_pct", facts.main_thread_cpu_pct, text))
-    if facts.steal_pct is not None and facts.steal_pct >= 5:
-        text = f"CPU steal {facts.steal_pct:.0f}%: the hypervisor gives these cores to others"
-        out.append(Evidence("steal_pct", facts.steal_pct, text))
     return out
 
 
@@ -705,6 +959,57 @@ def _step(facts: LaneFacts) -> list[Evidence]:
         return []
     text = f"step {facts.step_ms_p50:.1f} ms (median): the consumer could take {rate:,.0f} images/s"
     return [Evidence("step_ms_p50", facts.step_ms_p50, text)]
+
+
+def _consumer_evidence(facts: LaneFacts) -> list[Evidence]:
+    """The consumer alone, as measured on batches already on the device: what no input fix
+    can go past."""
+    alone = facts.consumer_alone
+    if not alone or not alone.get("images_per_s"):
+        return []
+    rate, error = alone["images_per_s"], alone.get("images_per_s_error")
+    text = (
+        f"the consumer alone, on batches already on the device: {plus_minus(rate, error)} images/s "
+        f"({alone.get('step_ms_p50') or 0:.1f} ms a step): the most any input fix can give"
+    )
+    return [Evidence("consumer_images_per_s", rate, text)]
+
+
+def _host_load_evidence(facts: LaneFacts) -> list[Evidence]:
+    """The host's other load, where it could have moved the answer."""
+    if not facts.host_busy:
+        return []
+    out = []
+    if facts.host_other_cores is not None:
+        cores = facts.machine_cores or facts.host_cpus
+        share = facts.host_other_cores / max(1, cores)
+        text = (
+            f"other processes used {facts.host_other_cores:.1f} of the machine's {cores} cores "
+            f"({share:.0%}) while it measured"
+        )
+        out.append(Evidence("host_other_cores", facts.host_other_cores, text))
+    if (facts.steal_pct or 0.0) >= STEAL_MOVES_PCT:
+        text = f"CPU steal {facts.steal_pct:.0f}%: the hypervisor gave these cores to others"
+        out.append(Evidence("steal_pct", facts.steal_pct, text))
+    return out
+
+
+def _epoch_evidence(facts: LaneFacts) -> list[Evidence]:
+    start = facts.epoch_start
+    if not start:
+        return []
+    split = ""
+    if start.get("loader_start_ms") is not None:
+        split = (
+            f": {start['loader_start_ms']:.0f} ms to start the loader, "
+            f"{start['refill_ms']:.0f} ms to refill its prefetch"
+        )
+    text = (
+        f"epoch starts cost {start['share']:.1%} of the time: {start['starts']} of them, "
+        f"{start['stall_ms']:,.0f} ms each{split}; {start['batches_per_epoch']:.0f} batches per "
+        f"epoch; between them data-wait is {_pct(facts.steady_wait)}"
+    )
+    return [Evidence("epoch_start_share", start["share"], text)]
 
 
 def _stalls(facts: LaneFacts) -> list[Evidence]:
@@ -724,7 +1029,7 @@ def _transfer_evidence(facts: LaneFacts) -> list[Evidence]:
     if facts.pin_memory is False and facts.on_gpu:
         text = "pin_memory is off: every copy to the GPU is synchronous"
         out.append(Evidence("pin_memory", 0.0, text))
-    if facts.output_dtype == "float32":
+    if facts.output_dtype == "float32" and facts.on_gpu:
         text = "workers hand over float32: 4x the bytes of uint8"
         out.append(Evidence("output_dtype", 4.0, text))
     return out
@@ -742,6 +1047,11 @@ def _mean(values: Iterable[float | None]) -> float | None:
 
 def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:.1%}"
+
+
+def _pct_of(value: float | None) -> str:
+    """A percentage of one core, as measured: '7%', or 'not measured'."""
+    return "not measured" if value is None else f"{value:.0f}%"
 
 
 def _num(value: float | None) -> str:

@@ -244,9 +244,15 @@ def sweep_curve(
     """Images/s over a sweep's settings, its knee marked; DALI's measurement as a line."""
     settings = [p[knob] for p in points]
     rates = [p["images_per_s"] for p in points]
+    errors = [p.get("images_per_s_error") or 0.0 for p in points]
     figure = go.Figure(
         go.Scatter(
-            x=settings, y=rates, mode="lines+markers", name="images/s", line={"color": BUSY_COLOR}
+            x=settings,
+            y=rates,
+            mode="lines+markers",
+            name="images/s (± 95%)",
+            line={"color": BUSY_COLOR},
+            error_y={"type": "data", "array": errors, "visible": any(errors)},
         )
     )
     if knee is not None and knee in settings:

@@ -3,6 +3,7 @@ that did not complete fails the gate, whatever it measured."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,16 +83,19 @@ def check_run(document: dict[str, Any], thresholds: Thresholds) -> dict[str, Any
     }
 
 
-def parse_share(text: str) -> float:
+def parse_share(text: str, option: str = "--max-data-wait") -> float:
     """0.2 or 20% -> 0.2.
 
     Raises:
-        InputError: neither.
+        InputError: neither (`option` names the flag in the message).
     """
     value = text.strip()
     try:
-        return float(value[:-1]) / 100 if value.endswith("%") else float(value)
+        share = float(value[:-1]) / 100 if value.endswith("%") else float(value)
     except ValueError:
+        share = math.nan
+    if not math.isfinite(share):
         raise InputError(
-            f"--max-data-wait takes a share like 0.2 or a percentage like 20% (got {text!r})"
+            f"{option} takes a share like 0.2 or a percentage like 20% (got {text!r})"
         ) from None
+    return share

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from pipelines import InputError, PipelineSpec, check_backend, discover
+from pipelines import Backend, InputError, PipelineSpec, check_backend, discover
 from probe.consumers import check_model, parse_consumer
 from probe.queries import running_runs
 from probe.samplers.host import pid_alive
@@ -122,12 +122,23 @@ def check(form: LaunchForm) -> list[str]:
 
 
 def _check_budget(form: LaunchForm) -> None:
-    from probe.sweep import check_budget, doctor_minimum
+    from probe.devices import cuda_devices, select_gpus
+    from probe.runner import ProbeConfig, plan_lanes
+    from probe.sweep import check_budget
 
+    gpus = select_gpus(
+        "none" if form.gpus is None else ",".join(map(str, form.gpus)), cuda_devices()
+    )
+    config = ProbeConfig(
+        backend=Backend(form.pipeline),
+        spec=PipelineSpec(Path(form.data_dir or ".")),
+        lanes=plan_lanes(gpus, form.num_shards),
+        consumer=parse_consumer(form.consumer),
+    )
     if form.command == "sweep":
-        check_budget(form.budget_s or 0.0, 2, "a sweep")
+        check_budget(form.budget_s or 0.0, 2, config, "a sweep")
     else:
-        check_budget(form.budget_s or 0.0, *doctor_minimum())
+        check_budget(form.budget_s or 0.0, 1, config, "a diagnosis")
 
 
 def busy_devices(store: Store) -> dict[str, str]:

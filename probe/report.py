@@ -23,9 +23,10 @@ from pipelines import InputError
 from probe import figures
 from probe.diagnose import diagnose_run
 from probe.queries import LatencyHistogram, RunSeries, latency_histogram, run_series
+from probe.steady import plus_minus
 from probe.store import Store
 from probe.summary import reproduce_command, run_brief, run_document
-from probe.terminal import gpu_busy, num, pct
+from probe.terminal import epochs_lines, gpu_busy, num, pct, pct_pm, run_notes
 
 REPORT_SCHEMA = "feedscope.report/1"
 FORMATS = ("html", "md", "json")
@@ -47,13 +48,13 @@ class Report:
 
     @property
     def verdict(self) -> dict[str, Any]:
-        if self.session is not None and "verdict" in self.session:
+        if self.session is not None and self.session.get("verdict"):
             return dict(self.session["verdict"])
         return dict(self.diagnosis["verdict"])
 
     @property
     def recommendations(self) -> list[dict[str, Any]]:
-        if self.session is not None and "recommendations" in self.session:
+        if self.session is not None and self.session.get("verdict"):
             return list(self.session["recommendations"])
         return list(self.diagnosis["recommendations"])
 
@@ -158,7 +159,8 @@ def markdown(report: Report) -> str:
     if top is not None:
         line = f"**Top recommendation**: `{_code(top['setting'])}`: {_md(top['action'])}"
         if top["predicted_images_per_s"] is not None:
-            line += f"; predicted {top['predicted_images_per_s']:,.0f} images/s"
+            shown = plus_minus(top["predicted_images_per_s"], top.get("predicted_error"))
+            line += f"; predicted {shown} images/s"
         if top.get("measured_images_per_s") is not None:
             line += f", verified {top['measured_images_per_s']:,.0f}"
         lines += [line, ""]
@@ -166,8 +168,8 @@ def markdown(report: Report) -> str:
         lines += ["| run | setting | images/s | data-wait | CPU cores |", "|---|---|--:|--:|--:|"]
         lines += [
             f"| `{brief['run']}` | {_md(brief['label'] or brief['pipeline'])} | "
-            f"{brief['images_per_s']:,.0f} | {pct(brief['data_wait_frac'])} | "
-            f"{num(brief['cpu_cores'], 1)} |"
+            f"{plus_minus(brief['images_per_s'], brief['images_per_s_error'])} | "
+            f"{pct(brief['data_wait_frac'])} | {num(brief['cpu_cores'], 1)} |"
             for brief in report.runs
         ]
         lines.append("")
@@ -181,7 +183,8 @@ def markdown(report: Report) -> str:
     for lane in doc["lanes"]:
         lines.append(
             f"| {lane['lane']} | {_device(lane)} | {lane['shard_id']}/{lane['num_shards']} | "
-            f"{lane['images_per_s']:,.0f} | {pct(lane['data_wait_frac'])} | "
+            f"{plus_minus(lane['images_per_s'], lane.get('images_per_s_error'))} | "
+            f"{pct(lane['data_wait_frac'])} | "
             f"{num(lane['batch_latency_ms']['p99'], 1)} | {_md(gpu_busy(lane))} |"
         )
     lines += ["", f"Host {_md(_host_line(doc['host']))}.", ""]
@@ -267,7 +270,9 @@ def _recommendations_html(report: Report) -> str:
             str(rank),
             f"<code>{_h(item['setting'])}</code>",
             _h(item["action"]),
-            num(item["predicted_images_per_s"], 0),
+            "-"
+            if item["predicted_images_per_s"] is None
+            else plus_minus(item["predicted_images_per_s"], item.get("predicted_error")),
             num(item.get("measured_images_per_s"), 0),
             _h(item["basis"]) + "".join(f"<br>{_h(note)}" for note in item.get("notes", ())),
         ]
@@ -299,7 +304,7 @@ def _session_html(report: Report) -> str:
                     _h(b["run"]),
                     _h(b["label"] or ""),
                     _h(b["pipeline"]),
-                    f"{b['images_per_s']:,.0f}",
+                    plus_minus(b["images_per_s"], b["images_per_s_error"]),
                     pct(b["data_wait_frac"]),
                     num(b["sm_active_pct"], 0),
                     num(b["cpu_cores"], 1),
@@ -326,6 +331,20 @@ def _session_html(report: Report) -> str:
         )
     elif doctor and dali.get("reason"):
         out.append(f"<p>DALI: not measured: {_h(dali['reason'])}</p>")
+    if doctor:
+        lines = epochs_lines(session.get("epochs"))
+        if session.get("consumer_alone") and session["consumer_alone"].get("images_per_s"):
+            alone = session["consumer_alone"]
+            lines.append(
+                "the consumer alone, on batches already on the device: "
+                f"{plus_minus(alone['images_per_s'], alone.get('images_per_s_error'))} images/s: "
+                "the most any input fix can give"
+            )
+        if session.get("startup_s"):
+            lines.append(
+                f"the lanes started once for the whole session, in {session['startup_s']:.1f} s"
+            )
+        out += [f"<p>{_h(line)}</p>" for line in lines]
     return "".join(out)
 
 
@@ -342,8 +361,9 @@ def _lanes_html(report: Report) -> str:
     rows = [
         [
             str(lane["lane"]), _device(lane), f"{lane['shard_id']}/{lane['num_shards']}",
-            _h(lane["status"]), str(lane["batches"]), f"{lane['images_per_s']:,.0f}",
-            pct(lane["data_wait_frac"]),
+            _h(lane["status"]), str(lane["batches"]),
+            plus_minus(lane["images_per_s"], lane.get("images_per_s_error")),
+            pct_pm(lane["data_wait_frac"], lane.get("data_wait_frac_error")),
             "/".join(num(lane["batch_latency_ms"][k], 1) for k in ("p50", "p95", "p99")),
             _h(gpu_busy(lane)), num(_cores(lane.get("cpu_pct")), 1),
             _h(lane["reason"] or ""),
@@ -356,7 +376,13 @@ def _lanes_html(report: Report) -> str:
         f"<li>{_h(u['metric'])}: {_h(u['reason'])}</li>" for u in doc["unavailable_metrics"]
     )
     tail = f"<p class=note>Not measured here:</p><ul class=note>{unavailable}</ul>"
-    return head + _table(header, rows, numeric={0, 4, 5, 6, 9}) + (tail if unavailable else "")
+    notes = "".join(f"<li>{_h(note)}</li>" for note in run_notes(doc))
+    return (
+        head
+        + _table(header, rows, numeric={0, 4, 5, 6, 9})
+        + (f"<ul class=note>{notes}</ul>" if notes else "")
+        + (tail if unavailable else "")
+    )
 
 
 def _host_html(doc: dict[str, Any]) -> str:
@@ -415,6 +441,8 @@ def _headline(verdict: dict[str, Any]) -> str:
         text += f" ({verdict['severity']}: data-wait {pct(verdict['data_wait_frac'])})"
     if verdict.get("partial"):
         text += " - partial: the run did not complete"
+    if verdict.get("reliable") is False:
+        text += " - not trusted: the host was busy"
     return text
 
 

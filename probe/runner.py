@@ -1,16 +1,19 @@
-"""Runs a probe: one lane process per GPU (or CPU shard), samplers, and the store.
+"""Runs probes: one lane process per GPU (or CPU shard), samplers, and the store.
 
 The coordinating process (this one) spawns the lanes, samples the hardware in a background
-thread, and is the only writer of the run: lanes send their batch events here. Lane i reads
-shard i of N, as DDP training does. A lane that fails fails the run, with its reason, and the
-other lanes run on; everything recorded is kept. Asked to stop (Ctrl-C, SIGTERM, `stop`), it
-tells the lanes to stop after their current batch, writes what they sent, and marks the run
-`interrupted`.
+thread, and is the only writer of a run: lanes send their batch events here. Lane i reads shard i
+of N, as DDP training does. The lanes stay up for a whole session (`Lanes`): a sweep or doctor
+builds and tunes each consumer once, and every run after the first rebuilds only the pipeline.
+A run measures until every lane knows its images/s within the precision asked (or a fixed number
+of batches or seconds). A lane that fails fails the run, with its reason, and the other lanes run
+on; everything recorded is kept. Asked to stop (Ctrl-C, SIGTERM, `stop`), it tells the lanes to
+stop after their current batch, writes what they sent, and marks the run `interrupted`.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import math
 import multiprocessing
 import os
 import platform
@@ -29,10 +32,11 @@ from pipelines.dataset import read_order, shard
 from probe.consumers import ConsumerSpec, model_note
 from probe.devices import CudaDevice, cuda_devices
 from probe.distributed import Rank
-from probe.lane import LaneJob, lane_main
+from probe.lane import LaneSetup, Measure, Read, lane_main
 from probe.recorder import Recorder
 from probe.samplers.host import HostSampler, host_facts, pid_alive
 from probe.samplers.nvml import GpuSampler
+from probe.steady import MAX_MEASURE_S, PRECISION
 from probe.store import BatchEvent, LaneRecord, RunRecord, RunStatus, Store
 from probe.summary import figures_from_store
 
@@ -90,15 +94,19 @@ def rank_plan(rank: Rank, gpus: Sequence[CudaDevice]) -> LanePlan:
 
 @dataclass(frozen=True)
 class ProbeConfig:
-    """A probe run: the pipeline, where its lanes run, what consumes the batches, how long."""
+    """A probe run: the pipeline, where its lanes run, what consumes the batches, how it reads
+    and how long it measures."""
 
     backend: Backend
     spec: PipelineSpec  # shared settings; each lane sets its device and shard
     lanes: tuple[LanePlan, ...]
     consumer: ConsumerSpec
-    warmup: int = 5
+    read: Read = Read.STREAM
+    warmup: int | None = None  # warm-up batches per lane; None: until the rate settles
     batches: int | None = None  # measured batches per lane
-    duration_s: float | None = 10.0  # measured seconds per lane
+    duration_s: float | None = None  # measured seconds per lane
+    precision: float | None = PRECISION  # else: until images/s is known within this share ...
+    max_s: float = MAX_MEASURE_S  # ... or for this long
     sample_hz: float = 10.0  # 0: no sampling
     label: str | None = None
     torchrun: bool = False  # one rank's lane of a run launched by torchrun
@@ -106,16 +114,25 @@ class ProbeConfig:
     def __post_init__(self) -> None:
         if not self.lanes:
             raise InputError("a run needs at least one lane")
-        if isinstance(self.warmup, bool) or self.warmup < 0:
-            raise InputError(f"--warmup must be >= 0 (got {self.warmup})")
+        if self.warmup is not None and (isinstance(self.warmup, bool) or self.warmup < 0):
+            raise InputError(f"--warmup must be auto or >= 0 (got {self.warmup})")
         if self.batches is not None and self.batches < 1:
             raise InputError(f"--batches must be >= 1 (got {self.batches})")
         if self.duration_s is not None and not self.duration_s > 0:
             raise InputError(f"--duration must be > 0 seconds (got {self.duration_s})")
-        if self.batches is None and self.duration_s is None:
-            raise InputError("give --batches, --duration or both: when to stop measuring")
+        if self.precision is not None and not 0 < self.precision < 1:
+            raise InputError(f"--precision must be within 0..100% (got {self.precision:.0%})")
+        if self.batches is None and self.duration_s is None and self.precision is None:
+            raise InputError("give --batches, --duration or --precision: when to stop measuring")
+        if not self.max_s > 0:
+            raise InputError(f"the longest measurement must be > 0 seconds (got {self.max_s})")
         if not 0 <= self.sample_hz <= 1000:
             raise InputError(f"--sample-hz must be within 0..1000 (got {self.sample_hz})")
+
+    @property
+    def until_precise(self) -> bool:
+        """Whether it measures until images/s is known within `precision` (no fixed length)."""
+        return self.batches is None and self.duration_s is None
 
     def lane_spec(self, plan: LanePlan) -> PipelineSpec:
         device = None if plan.device is None else plan.device.index
@@ -129,7 +146,7 @@ class LaneLive:
     lane: int
     device: str
     shard: str
-    state: str = "starting"  # starting, warming up, measuring, done, stopped, failed
+    state: str = "starting"  # starting, warming up, measuring, precise, done, stopped, failed
     warmup_batches: int = 0
     batches: int = 0  # measured
     reason: str | None = None
@@ -151,19 +168,45 @@ class LaneLive:
         return [e for e in self.recent if not e.warmup and now_ns - e.t_ns <= LIVE_WINDOW_NS]
 
 
-def check_config(config: ProbeConfig) -> int:
-    """Checks what can be checked before a run starts; returns the dataset's class count.
+@dataclass(frozen=True)
+class Checked:
+    """What checking a configuration found out: the dataset's class count, and each lane's
+    shard size."""
+
+    num_classes: int
+    shard_images: dict[int, int]  # lane -> images in its shard
+
+
+def check_config(config: ProbeConfig) -> Checked:
+    """Checks what can be checked before a run starts.
 
     Raises:
-        InputError: the dataset, a shard, or the backend cannot work.
+        InputError: the dataset, a shard, the reading or the backend cannot work.
     """
     check_backend(config.backend)
     dataset = read_order(
         discover(config.spec.data_dir), shuffle=config.spec.shuffle, seed=config.spec.seed
     )
+    sizes = {}
+    batch = config.spec.batch_size
     for plan in config.lanes:
-        shard(dataset, plan.shard_id, plan.num_shards)
-    return len(dataset.classes)
+        images = len(shard(dataset, plan.shard_id, plan.num_shards))
+        if config.read is Read.EPOCHS and images < batch:
+            raise InputError(
+                f"--read epochs needs a whole batch per epoch: shard {plan.shard_id} of "
+                f"{plan.num_shards} holds {images} images, fewer than the batch size {batch} "
+                "(read it as a stream, or give a smaller --batch-size)"
+            )
+        sizes[plan.lane] = images
+    return Checked(len(dataset.classes), sizes)
+
+
+def batch_sizes(config: ProbeConfig, images: int) -> tuple[int, ...]:
+    """The batch sizes a lane's consumer will see: full ones, and where epochs end, the last
+    one of an epoch (a stream of the DataLoader has full batches only)."""
+    batch, last = config.spec.batch_size, images % config.spec.batch_size
+    stream = config.read is Read.STREAM and config.backend is Backend.TORCH
+    return (batch,) if stream or last == 0 else (batch, last)
 
 
 def run_probe(
@@ -173,96 +216,195 @@ def run_probe(
     stop: threading.Event | None = None,
     on_update: Callable[[list[LaneLive]], None] | None = None,
     on_start: Callable[[str], None] | None = None,
-    session_id: str | None = None,
     run_id: str | None = None,
 ) -> str:
-    """Runs the probe and records it; returns the run's id.
+    """Runs the probe (its lanes started for it and ended after it) and records it; returns
+    the run's id.
 
     Args:
         stop: set it to stop the run early (it is then marked interrupted).
         on_update: called about four times a second with the lanes' live state.
         on_start: called with the run id once the run is in the store.
-        session_id: the sweep or doctor session the run belongs to.
         run_id: the run's id (the ranks of a torchrun probe share one); default a new one.
 
     Raises:
         InputError: the configuration cannot work; nothing is written then.
     """
-    num_classes = check_config(config)
-    stop = stop or threading.Event()
-    hostname = socket.gethostname()
-    store.mark_abandoned_runs(hostname, pid_alive)
-    gpu_uuids = [plan.device.uuid for plan in config.lanes if plan.device is not None]
-    gpus = GpuSampler(gpu_uuids) if gpu_uuids and config.sample_hz > 0 else None
-    run = RunRecord(
-        run_id=run_id or new_run_id(),
-        kind="probe",
-        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        status=RunStatus.RUNNING,
-        reason=None,
-        pipeline=config.backend.value,
-        consumer=str(config.consumer),
-        label=config.label,
-        config=_config_dict(config, num_classes),
-        host=describe_host(gpus),
-        hostname=hostname,
-        pid=os.getpid(),
-        started_ns=time.monotonic_ns(),
-        ended_ns=None,
-        session_id=session_id,
-    )
-    store.create_run(
-        run,
-        [
-            LaneRecord(
-                run_id=run.run_id,
-                lane=plan.lane,
-                gpu_index=None if plan.device is None else plan.device.index,
-                gpu_uuid=None if plan.device is None else plan.device.uuid,
-                shard_id=plan.shard_id,
-                num_shards=plan.num_shards,
-                hostname=hostname,
-                pid=None,
-                status=RunStatus.RUNNING,
-                reason=None,
-                summary=None,
-            )
-            for plan in config.lanes
-        ],
-    )
-    if on_start is not None:
-        on_start(run.run_id)
-    recorder = None
-    if config.sample_hz > 0:
-        recorder = Recorder(config.sample_hz, gpus, HostSampler())
-        recorder.start()
-    coordinator = _Coordinator(config, store, run, recorder, num_classes, stop, on_update)
-    try:
-        coordinator.run()
-    finally:
-        if recorder is not None:
-            recorder.stop()
-        if gpus is not None:
-            gpus.close()
-        coordinator.write(recorder)
-        coordinator.finish()
-    return run.run_id
+    checked = check_config(config)
+    with Lanes(config.lanes, config.consumer, checked.num_classes, stop) as lanes:
+        return lanes.measure(
+            config, store, checked, on_update=on_update, on_start=on_start, run_id=run_id
+        )
+
+
+class Lanes:
+    """Lane processes kept warm for a session: one per plan, each with its consumer built once;
+    every `measure` is one run on them. A lane process that died is started again for the next
+    run (which then pays its start-up)."""
+
+    def __init__(
+        self,
+        plans: Sequence[LanePlan],
+        consumer: ConsumerSpec,
+        num_classes: int,
+        stop: threading.Event | None = None,
+    ) -> None:
+        self.plans = {plan.lane: plan for plan in plans}
+        self.consumer, self.num_classes = consumer, num_classes
+        self.stop = stop or threading.Event()
+        self._context = multiprocessing.get_context("spawn")  # lanes start CUDA afresh; no fork
+        self._messages = self._context.Queue()
+        self._stop_run = self._context.Event()
+        self._stop_all = self._context.Event()
+        self._processes: dict[int, Any] = {}
+        self._commands: dict[int, Any] = {}
+        self._spawned: dict[int, float] = {}  # lane -> when its process was started
+        self._jobs = 0
+        self.startup: dict[int, float] = {}  # lane -> seconds from spawn to ready, once known
+        self.consumer_alone: dict[int, dict[str, Any] | None] = {}
+
+    def __enter__(self) -> Lanes:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Ends the lane processes: asked to, then killed if they do not."""
+        self._stop_all.set()
+        for commands in self._commands.values():
+            commands.put(None)
+        for process in self._processes.values():
+            process.join(timeout=10)
+            if process.is_alive():
+                process.kill()  # SIGTERM is the lanes' own way to stop: not enough here
+                process.join(timeout=5)
+        self._processes.clear()
+
+    def measure(
+        self,
+        config: ProbeConfig,
+        store: Store,
+        checked: Checked,
+        *,
+        on_update: Callable[[list[LaneLive]], None] | None = None,
+        on_start: Callable[[str], None] | None = None,
+        session_id: str | None = None,
+        run_id: str | None = None,
+    ) -> str:
+        """Measures one run on the lanes and records it; returns its id.
+
+        Raises:
+            InputError: no lane measured a batch, and the lanes that failed all failed on their
+                input (a shard that yields nothing); the run is recorded, as failed.
+        """
+        hostname = socket.gethostname()
+        store.mark_abandoned_runs(hostname, pid_alive)
+        gpu_uuids = [plan.device.uuid for plan in config.lanes if plan.device is not None]
+        gpus = GpuSampler(gpu_uuids) if gpu_uuids and config.sample_hz > 0 else None
+        run = RunRecord(
+            run_id=run_id or new_run_id(),
+            kind="probe",
+            created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            status=RunStatus.RUNNING,
+            reason=None,
+            pipeline=config.backend.value,
+            consumer=str(config.consumer),
+            label=config.label,
+            config=_config_dict(config, checked),
+            host=describe_host(gpus),
+            hostname=hostname,
+            pid=os.getpid(),
+            started_ns=time.monotonic_ns(),
+            ended_ns=None,
+            session_id=session_id,
+        )
+        store.create_run(
+            run,
+            [
+                LaneRecord(
+                    run_id=run.run_id,
+                    lane=plan.lane,
+                    gpu_index=None if plan.device is None else plan.device.index,
+                    gpu_uuid=None if plan.device is None else plan.device.uuid,
+                    shard_id=plan.shard_id,
+                    num_shards=plan.num_shards,
+                    hostname=hostname,
+                    pid=None,
+                    status=RunStatus.RUNNING,
+                    reason=None,
+                    summary=None,
+                )
+                for plan in config.lanes
+            ],
+        )
+        if on_start is not None:
+            on_start(run.run_id)
+        recorder = None
+        if config.sample_hz > 0:
+            # Under torchrun the node's ranks are the launcher's children: all of them are the
+            # probe's, not the host's other load.
+            root = os.getppid() if config.torchrun else None
+            recorder = Recorder(config.sample_hz, gpus, HostSampler(root))
+            recorder.start()
+        coordinator = _Coordinator(self, config, store, run, recorder, checked, on_update)
+        try:
+            coordinator.run()
+        finally:
+            if recorder is not None:
+                recorder.stop()
+            if gpus is not None:
+                gpus.close()
+            coordinator.write(recorder)
+            coordinator.finish()
+        failed = sum(status is RunStatus.FAILED for status, _ in coordinator.outcome.values())
+        measured = any(live.batches for live in coordinator.live.values())
+        if failed and failed == len(coordinator.bad_input) and not measured:
+            raise InputError("; ".join(coordinator.bad_input))  # input no lane could read
+        return run.run_id
+
+    def _spawn(self, lane: int) -> Any:
+        """The lane's process, started if it is not alive."""
+        process = self._processes.get(lane)
+        if process is not None and process.is_alive():
+            return process
+        plan = self.plans[lane]
+        setup = LaneSetup(
+            lane=lane,
+            device=None if plan.device is None else plan.device.index,
+            consumer=self.consumer,
+            num_classes=self.num_classes,
+        )
+        commands = self._context.Queue()
+        process = self._context.Process(
+            target=lane_main,
+            args=(setup, commands, self._messages, self._stop_run, self._stop_all),
+            name=f"feedscope-lane-{lane}",
+        )
+        process.start()
+        self._processes[lane], self._commands[lane] = process, commands
+        self._spawned[lane] = time.monotonic()
+        self.startup.pop(lane, None)
+        self.consumer_alone.pop(lane, None)
+        return process
 
 
 class _Coordinator:
+    """One run on the lanes: sends each its work, gathers events, decides when they stop,
+    writes the store."""
+
     def __init__(
         self,
+        lanes: Lanes,
         config: ProbeConfig,
         store: Store,
         run: RunRecord,
         recorder: Recorder | None,
-        num_classes: int,
-        stop: threading.Event,
+        checked: Checked,
         on_update: Callable[[list[LaneLive]], None] | None,
     ) -> None:
-        self.config, self.store, self.run_record = config, store, run
-        self.recorder, self.num_classes, self.stop = recorder, num_classes, stop
-        self.on_update = on_update
+        self.lanes, self.config, self.store, self.run_record = lanes, config, store, run
+        self.recorder, self.checked, self.on_update = recorder, checked, on_update
         self.live = {
             plan.lane: LaneLive(
                 lane=plan.lane,
@@ -272,83 +414,90 @@ class _Coordinator:
             for plan in config.lanes
         }
         self.outcome: dict[int, tuple[RunStatus, str | None]] = {}
-        self.skipped: dict[int, int] = {}
+        self.ended: dict[int, dict[str, Any]] = {}
+        self.started_here: set[int] = set()  # lanes whose process started for this run
+        self.precise: set[int] = set()
         self.pending: list[BatchEvent] = []
         self.interrupted = False
         self.dead_since: dict[int, float] = {}
+        self.job = 0
+        self.bad_input: list[str] = []  # lanes that failed on the user's input
 
     def run(self) -> None:
-        context = multiprocessing.get_context("spawn")  # lanes start CUDA afresh; no fork
-        messages = context.Queue()
-        stop_lanes = context.Event()
-        processes = {
-            plan.lane: self._spawn(context, plan, messages, stop_lanes)
-            for plan in self.config.lanes
-        }
+        lanes = self.lanes
+        lanes._jobs += 1
+        self.job = lanes._jobs
+        lanes._stop_run.clear()
+        for plan in self.config.lanes:
+            alive = lanes._processes.get(plan.lane)
+            if alive is None or not alive.is_alive():
+                self.started_here.add(plan.lane)
+            process = lanes._spawn(plan.lane)
+            if self.recorder is not None:
+                self.recorder.set_lane_pid(plan.lane, process.pid)
+            self.store.update_lane(self.run_record.run_id, plan.lane, pid=process.pid)
+            images = self.checked.shard_images[plan.lane]
+            lanes._commands[plan.lane].put(
+                Measure(
+                    job=self.job,
+                    spec=self.config.lane_spec(plan),
+                    backend=self.config.backend,
+                    read=self.config.read,
+                    warmup=self.config.warmup,
+                    batches=self.config.batches,
+                    duration_s=self.config.duration_s,
+                    precision=self.config.precision if self.config.until_precise else None,
+                    max_s=self.config.max_s,
+                    batch_sizes=batch_sizes(self.config, images),
+                )
+            )
         deadline: float | None = None
         last_write = last_update = time.monotonic()
-        while len(self.outcome) < len(processes):
+        while len(self.outcome) < len(self.live):
             try:
-                self._handle(messages.get(timeout=0.1))
+                self._handle(lanes._messages.get(timeout=0.1))
                 while True:
-                    self._handle(messages.get_nowait())
+                    self._handle(lanes._messages.get_nowait())
             except queue.Empty:
                 pass
             except KeyboardInterrupt:
-                self.stop.set()
+                lanes.stop.set()
             now = time.monotonic()
-            if self.stop.is_set() and deadline is None:
+            if lanes.stop.is_set() and deadline is None:
                 self.interrupted = True
-                stop_lanes.set()
+                lanes._stop_all.set()
                 deadline = now + STOP_GRACE_S
-            self._check_processes(processes, now, deadline)
+            running = set(self.live) - set(self.outcome)
+            if self.config.until_precise and running and running <= self.precise:
+                lanes._stop_run.set()  # every lane still running knows its rate well enough
+            self._check_processes(now, deadline)
             if now - last_write >= WRITE_EVERY_S:
                 self.write(self.recorder)
                 last_write = now
             if self.on_update is not None and now - last_update >= 0.25:
                 self.on_update(list(self.live.values()))
                 last_update = now
-        for process in processes.values():
-            process.join(timeout=5)
+        lanes._stop_run.clear()
         if self.on_update is not None:
             self.on_update(list(self.live.values()))
 
-    def _spawn(self, context: Any, plan: LanePlan, messages: Any, stop_lanes: Any) -> Any:
-        job = LaneJob(
-            lane=plan.lane,
-            spec=self.config.lane_spec(plan),
-            backend=self.config.backend,
-            consumer=self.config.consumer,
-            warmup=self.config.warmup,
-            batches=self.config.batches,
-            duration_s=self.config.duration_s,
-            num_classes=self.num_classes,
-        )
-        process = context.Process(
-            target=lane_main, args=(job, messages, stop_lanes), name=f"feedscope-lane-{plan.lane}"
-        )
-        process.start()
-        if self.recorder is not None:
-            self.recorder.set_lane_pid(plan.lane, process.pid)
-        self.store.update_lane(self.run_record.run_id, plan.lane, pid=process.pid)
-        return process
-
-    def _check_processes(
-        self, processes: dict[int, Any], now: float, deadline: float | None
-    ) -> None:
+    def _check_processes(self, now: float, deadline: float | None) -> None:
         """Closes the lanes whose process died without a word, or did not stop in time."""
-        for lane, process in processes.items():
+        for lane in self.live:
             if lane in self.outcome:
                 continue
+            process = self.lanes._processes[lane]
             if deadline is not None and now > deadline:
-                process.terminate()
+                process.kill()
                 self._close_lane(lane, RunStatus.INTERRUPTED, "did not stop in time: killed")
             # A dead lane's last messages may still be in the pipe: wait a moment before judging.
             elif not process.is_alive() and now - self.dead_since.setdefault(lane, now) > 2.0:
                 self._close_lane(lane, RunStatus.FAILED, _exit_reason(process.exitcode))
 
-    def _handle(self, message: tuple[str, int, Any]) -> None:
-        kind, lane, payload = message
+    def _handle(self, message: tuple[str, int, int, Any]) -> None:
+        kind, lane, job, payload = message
+        if lane not in self.live or job not in (-1, self.job):
+            return  # a lane of another run, or of an earlier one that was cut short
         live = self.live[lane]
         if kind == "batches":
             self.pending.extend(payload)
@@ -358,15 +507,24 @@ class _Coordinator:
                     live.warmup_batches += 1
                 else:
                     live.batches += 1
-            if payload:
+            if payload and live.state not in ("precise",):
                 live.state = "warming up" if payload[-1].warmup else "measuring"
-        elif kind == "started":
-            live.state = "starting"
+        elif kind == "ready":  # from its spawning: the interpreter, torch, CUDA, the consumer
+            self.lanes.startup[lane] = time.monotonic() - self.lanes._spawned[lane]
+            live.state = "tuning the consumer"
+        elif kind == "consumer":
+            self.lanes.consumer_alone[lane] = payload
+            live.state = "warming up"
+        elif kind == "precise":
+            self.precise.add(lane)
+            live.state = "precise"
         elif kind == "ended":
-            self.skipped[lane] = payload["skipped_files"]
+            self.ended[lane] = payload
             status = RunStatus.INTERRUPTED if payload["stopped"] else RunStatus.COMPLETED
             self._close_lane(lane, status, "stopped when asked" if payload["stopped"] else None)
         elif kind == "failed":
+            if payload.get("input"):
+                self.bad_input.append(f"lane {lane}: {payload['reason']}")
             self._close_lane(lane, RunStatus.FAILED, payload["reason"])
 
     def _close_lane(self, lane: int, status: RunStatus, reason: str | None) -> None:
@@ -402,8 +560,18 @@ class _Coordinator:
             status, reason = self.outcome.get(
                 lane.lane, (RunStatus.INTERRUPTED, "the run ended before the lane did")
             )
-            figures = figures_from_store(self.store, self.run_record, lane)
-            figures["skipped_files"] = self.skipped.get(lane.lane, 0)
+            ended = self.ended.get(lane.lane, {})
+            figures = figures_from_store(self.store, self.run_record, lane, ended.get("starts"))
+            figures.update(
+                skipped_files=ended.get("skipped_files", 0),
+                capped=ended.get("capped", False),
+                warmup_settled=ended.get("warmup_settled"),
+                build_s=ended.get("build_s"),
+                startup_s=self.lanes.startup.get(lane.lane)
+                if lane.lane in self.started_here
+                else None,
+                consumer_alone=self.lanes.consumer_alone.get(lane.lane),
+            )
             self.store.update_lane(run_id, lane.lane, status=status, reason=reason, summary=figures)
             if status is RunStatus.FAILED:
                 failures.append(f"lane {lane.lane} failed: {reason}")
@@ -432,17 +600,21 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(2)
 
 
-def _config_dict(config: ProbeConfig, num_classes: int) -> dict[str, Any]:
+def _config_dict(config: ProbeConfig, checked: Checked) -> dict[str, Any]:
+    batch = config.spec.batch_size
     return {
         "pipeline": config.backend.value,
         "spec": config.spec.as_dict(),
         "consumer": str(config.consumer),
         "consumer_note": model_note(config.consumer),
-        "warmup": config.warmup,
+        "read": config.read.value,
+        "warmup": "auto" if config.warmup is None else config.warmup,
         "batches": config.batches,
         "duration_s": config.duration_s,
+        "precision": config.precision if config.until_precise else None,
+        "max_s": config.max_s,
         "sample_hz": config.sample_hz,
-        "num_classes": num_classes,
+        "num_classes": checked.num_classes,
         "world_size": config.lanes[0].num_shards if config.torchrun else len(config.lanes),
         "torchrun": config.torchrun,
         "lanes": [
@@ -451,6 +623,8 @@ def _config_dict(config: ProbeConfig, num_classes: int) -> dict[str, Any]:
                 "gpu": None if plan.device is None else plan.device.index,
                 "shard_id": plan.shard_id,
                 "num_shards": plan.num_shards,
+                "images": checked.shard_images[plan.lane],
+                "batches_per_epoch": math.ceil(checked.shard_images[plan.lane] / batch),
             }
             for plan in config.lanes
         ],

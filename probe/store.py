@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 from pipelines import InputError
 from probe.samplers import GpuSample, HostSample, LaneCpuSample, Unavailable
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 ENV_VAR = "FEEDSCOPE_DB"
 
 _SCHEMA = """
@@ -88,6 +88,7 @@ CREATE TABLE IF NOT EXISTS batches (
     step_s REAL NOT NULL,
     size INTEGER NOT NULL,
     warmup INTEGER NOT NULL,
+    epoch INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (run_id, lane, idx)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS gpu_samples (
@@ -237,6 +238,8 @@ class BatchEvent:
     step_s: float  # the consumer's step
     size: int
     warmup: bool
+    # Which reading of the loader it came from: an epoch's `for` (a stream is one reading).
+    epoch: int = 0
 
 
 @dataclass(frozen=True)
@@ -361,11 +364,15 @@ class Store:
 
     def add_batches(self, run_id: str, events: Iterable[BatchEvent]) -> None:
         rows = [
-            (run_id, e.lane, e.index, e.t_ns, e.wait_s, e.step_s, e.size, int(e.warmup))
+            (run_id, e.lane, e.index, e.t_ns, e.wait_s, e.step_s, e.size, int(e.warmup), e.epoch)
             for e in events
         ]
         with self._transaction() as db:
-            db.executemany("INSERT OR REPLACE INTO batches VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+            db.executemany(
+                "INSERT OR REPLACE INTO batches (run_id, lane, idx, t_ns, wait_s, step_s, size, "
+                "warmup, epoch) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                rows,
+            )
 
     def add_gpu_samples(self, run_id: str, samples: Iterable[GpuSample]) -> None:
         rows = [
@@ -595,7 +602,7 @@ class Store:
         return [
             BatchEvent(
                 row["lane"], row["idx"], row["t_ns"], row["wait_s"], row["step_s"], row["size"],
-                bool(row["warmup"]),
+                bool(row["warmup"]), row["epoch"],
             )
             for row in rows
         ]  # fmt: skip
@@ -660,10 +667,11 @@ class Store:
         self, run_id: str, hostname: str, start_ns: int, end_ns: int
     ) -> dict[str, float | None]:
         """Mean figures of one host between two times: cpu_pct, iowait_pct, steal_pct,
-        disk_read_mib_s."""
+        disk_read_mib_s, tree_cpu_pct (the run's processes)."""
         row = self._db.execute(
             "SELECT AVG(cpu_pct) AS cpu_pct, AVG(iowait_pct) AS iowait_pct, "
-            "AVG(steal_pct) AS steal_pct, AVG(disk_read_mib_s) AS disk_read_mib_s "
+            "AVG(steal_pct) AS steal_pct, AVG(disk_read_mib_s) AS disk_read_mib_s, "
+            "AVG(tree_cpu_pct) AS tree_cpu_pct "
             "FROM host_samples WHERE run_id = ? AND hostname = ? AND t_ns BETWEEN ? AND ?",
             (run_id, hostname, start_ns, end_ns),
         ).fetchone()
@@ -809,6 +817,9 @@ class Store:
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
                     db.execute(statement)
+            columns = {row["name"] for row in db.execute("PRAGMA table_info(batches)")}
+            if "epoch" not in columns:  # 3 -> 4: a batch's epoch
+                db.execute("ALTER TABLE batches ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0")
             db.execute(
                 "INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
             )

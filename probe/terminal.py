@@ -13,6 +13,7 @@ from typing import Any
 from rich.table import Table
 
 from probe.bench import BenchResult
+from probe.steady import plus_minus
 
 
 def live_table(lanes: Sequence[Any]) -> Table:
@@ -38,7 +39,8 @@ def run_table(document: dict[str, Any]) -> Table:
     table = Table(
         title=f"run {document['run_id']}: {document['pipeline']}, consumer "
         f"{document['consumer']} ({document['status']})",
-        caption=f"all lanes: {document['images_per_s']:,.0f} images/s; warm-up batches excluded",
+        caption=f"all lanes: {document['images_per_s']:,.0f} images/s; ± is the 95% interval; "
+        "warm-up batches excluded",
     )
     for column in ("lane", "device", "shard", "status", "batches", "images/s", "data-wait",
                    "latency p50/p95/p99 ms", "GPU busy", "CPU %"):  # fmt: skip
@@ -52,13 +54,33 @@ def run_table(document: dict[str, Any]) -> Table:
             f"{lane['shard_id']}/{lane['num_shards']}",
             lane["status"],
             str(lane["batches"]),
-            f"{lane['images_per_s']:,.0f}",
-            pct(lane["data_wait_frac"]),
+            plus_minus(lane["images_per_s"], lane.get("images_per_s_error")),
+            pct_pm(lane["data_wait_frac"], lane.get("data_wait_frac_error")),
             "/".join(num(latency[k], 1) for k in ("p50", "p95", "p99")),
             gpu_busy(lane),
             num(lane.get("cpu_pct"), 0),
         )
     return table
+
+
+def run_line(document: dict[str, Any]) -> str:
+    """One run in a line: images/s with its error, the worst data-wait, what it took."""
+    lanes = document["lanes"]
+    errors = [lane.get("images_per_s_error") for lane in lanes]
+    error = None if None in errors else sum(e * e for e in errors) ** 0.5
+    waits = [x["data_wait_frac"] for x in lanes if x["data_wait_frac"] is not None]
+    wait = f", data-wait {max(waits):.1%}" if waits else ""
+    first = lanes[0] if lanes else {}
+    took = ""
+    if first.get("seconds"):
+        warmup = first.get("warmup_s") or 0.0
+        took = f"; {first['seconds']:.1f} s measured after {warmup:.1f} s of warm-up"
+    if first.get("startup_s"):
+        took += f" and {first['startup_s']:.1f} s to start the lane"
+    return (
+        f"{plus_minus(document['images_per_s'], error)} images/s{wait} ({document['status']}, run "
+        f"{document['run_id']}{took})"
+    )
 
 
 def gpu_busy(lane: dict[str, Any]) -> str:
@@ -73,9 +95,19 @@ def gpu_busy(lane: dict[str, Any]) -> str:
 
 
 def run_notes(document: dict[str, Any]) -> list[str]:
-    """Lane failures, skipped files, the consumer's note and unavailable metrics."""
+    """How it read and warmed up, the transients, lane failures, skipped files, the consumer's
+    note and unavailable metrics."""
     notes = []
+    config = document["config"]
+    read = config.get("read")
+    if read:
+        per_epoch = sorted({lane.get("batches_per_epoch") for lane in config.get("lanes", [])}
+                           - {None})  # fmt: skip
+        epochs = f", {'/'.join(map(str, per_epoch))} batches per epoch" if per_epoch else ""
+        notes.append(f"read: {'one endless stream' if read == 'stream' else 'epoch by epoch'}"
+                     f"{epochs}")  # fmt: skip
     for lane in document["lanes"]:
+        notes += _transients(lane)
         if lane["reason"]:
             notes.append(f"lane {lane['lane']}: {lane['status']}: {lane['reason']}")
         if lane.get("skipped_files"):
@@ -89,6 +121,44 @@ def run_notes(document: dict[str, Any]) -> list[str]:
     if document["status"] == "running":
         notes.append("the run is still going: figures so far")
     return notes
+
+
+def _transients(lane: dict[str, Any]) -> list[str]:
+    """A lane's start-up, warm-up, epoch starts and consumer alone: measured, and apart from
+    its steady figures."""
+    parts = []
+    if lane.get("startup_s"):
+        parts.append(f"its process started in {lane['startup_s']:.1f} s")
+    if lane.get("build_s"):
+        parts.append(f"the pipeline built in {lane['build_s']:.1f} s")
+    if lane.get("warmup_batches"):
+        settled = {True: "", False: ", not settled", None: ""}[lane.get("warmup_settled")]
+        parts.append(
+            f"warm-up {lane['warmup_batches']} batches, {lane.get('warmup_s') or 0:.1f} s{settled}"
+        )
+    if lane.get("capped"):
+        parts.append("measuring stopped at its time limit before images/s was as precise")
+    out = [f"lane {lane['lane']}: " + "; ".join(parts)] if parts else []
+    start = lane.get("epoch_start")
+    if start:
+        split = ""
+        if start.get("loader_start_ms") is not None:
+            split = (
+                f" ({start['loader_start_ms']:,.0f} ms starting the loader, "
+                f"{start['refill_ms']:,.0f} ms refilling its prefetch)"
+            )
+        out.append(
+            f"lane {lane['lane']}: {start['starts']} epoch starts, {start['stall_ms']:,.0f} ms "
+            f"each{split}: {start['share']:.1%} of the time"
+        )
+    alone = lane.get("consumer_alone")
+    if alone and alone.get("images_per_s"):
+        tuned = f" (tuned first, in {alone['tune_s']:.1f} s)" if alone.get("tune_s") else ""
+        out.append(
+            f"lane {lane['lane']}: the consumer alone{tuned}, on batches already on the device: "
+            f"{plus_minus(alone['images_per_s'], alone.get('images_per_s_error'))} images/s"
+        )
+    return out
 
 
 def runs_table(documents: Sequence[dict[str, Any]]) -> Table:
@@ -128,6 +198,8 @@ def diagnosis_lines(
         head += f" ({severity}: data-wait {pct(wait)})"
     if verdict.get("partial"):
         head += " [partial: the run did not complete]"
+    if verdict.get("reliable") is False:
+        head += " [not trusted: the host was busy]"
     lines = [head] + [f"  - {item['text']}" for item in verdict["evidence"]]
     if recommendations:
         lines.append("recommendations:")
@@ -135,7 +207,8 @@ def diagnosis_lines(
         predicted = item["predicted_images_per_s"]
         line = f"  {rank}. {item['setting']}: {item['action']}"
         if predicted is not None:
-            line += f"; predicted {predicted:,.0f} images/s ({item['basis']})"
+            shown = plus_minus(predicted, item.get("predicted_error"))
+            line += f"; predicted {shown} images/s ({item['basis']})"
         else:
             line += f" ({item['basis']})"
         if item.get("measured_images_per_s") is not None:
@@ -153,6 +226,7 @@ def sweep_table(points: Sequence[dict[str, Any]], knob: str, document: dict[str,
     best = (document.get("best") or {}).get(knob)
     over = set(document.get("oversubscribed", []))
     table = Table(title=f"sweep of {knob}, consumer {document['consumer']}")
+    table.caption = "± is the 95% interval of each point's images/s"
     for column in (knob, "images/s", "data-wait", "CPU cores", "", "run"):
         table.add_column(column, justify="left" if column in ("", "run") else "right")
     for point in points:
@@ -163,9 +237,12 @@ def sweep_table(points: Sequence[dict[str, Any]], knob: str, document: dict[str,
             marks.append("best")
         if point[knob] in over:
             marks.append("oversubscribed: slower than the best")
+        if point.get("host_busy"):
+            marks.append("the host was busy: not trusted")
         cpu = point.get("cpu_pct")
         table.add_row(
-            str(point[knob]), f"{point['images_per_s']:,.0f}", pct(point["data_wait_frac"]),
+            str(point[knob]), plus_minus(point["images_per_s"], point.get("images_per_s_error")),
+            pct_pm(point["data_wait_frac"], point.get("data_wait_frac_error")),
             "-" if cpu is None else f"{cpu / 100:.1f}", ", ".join(marks), point["run_id"] or "",
         )  # fmt: skip
     for item in document.get("skipped", []):
@@ -174,27 +251,64 @@ def sweep_table(points: Sequence[dict[str, Any]], knob: str, document: dict[str,
 
 
 def doctor_lines(document: dict[str, Any]) -> list[str]:
-    """The doctor's answer: verdict, DALI, recommendations and verification, as text."""
+    """The doctor's answer: verdict, DALI, the epoch reading, recommendations and
+    verification, as text."""
     lines = diagnosis_lines(document["verdict"], document["recommendations"])
     dali = document["dali"]
     if dali["images_per_s"] is not None:
-        dali_line = f"DALI ({dali['setting']}): {dali['images_per_s']:,.0f} images/s"
+        shown = plus_minus(dali["images_per_s"], dali.get("images_per_s_error"))
+        dali_line = f"DALI ({dali['setting']}): {shown} images/s"
         dali_line += f", data-wait {pct(dali['data_wait_frac'])}"
         lines.append(dali_line + (f": {dali['advice']}" if dali.get("advice") else ""))
     else:
         lines.append(f"DALI: not measured: {dali['reason']}")
+    lines += epochs_lines(document.get("epochs"))
     verify = document.get("verify")
     if verify is None:
-        lines.append("not verified: the budget ran out or the run was stopped")
+        lines.append("not verified: the budget ran out, the run was stopped, or nothing to run")
     elif verify["error_frac"] is not None:
+        agrees = (
+            "within their errors and the drift between runs"
+            if verify.get("agrees")
+            else "more than their errors and the drift between runs"
+        )
+        predicted = plus_minus(
+            verify["predicted_images_per_s"], verify.get("predicted_images_per_s_error")
+        )
+        measured = plus_minus(
+            verify["measured_images_per_s"], verify.get("measured_images_per_s_error")
+        )
         lines.append(
-            f"verified {verify['setting']}: predicted {verify['predicted_images_per_s']:,.0f}, "
-            f"measured {verify['measured_images_per_s']:,.0f} images/s "
-            f"({verify['error_frac']:+.1%}, run {verify['run_id']})"
+            f"verified {verify['setting']}: predicted {predicted}, measured {measured} images/s "
+            f"({verify['error_frac']:+.1%}: {agrees}; run {verify['run_id']})"
+        )
+    start = document.get("startup_s")
+    if start:
+        lines.append(
+            f"the lanes started, with the consumer tuned and timed alone, in {start:.1f} s"
         )
     if document.get("consumer_note"):
         lines.append(f"consumer: {document['consumer_note']}")
     return lines
+
+
+def epochs_lines(epochs: dict[str, Any] | None) -> list[str]:
+    """Your setting read epoch by epoch, against the same read as one stream."""
+    if not epochs:
+        return []
+    if epochs.get("images_per_s") is None:
+        return [f"epoch by epoch: not measured: {epochs.get('reason')}"]
+    shown = plus_minus(epochs["images_per_s"], epochs.get("images_per_s_error"))
+    line = (
+        f"epoch by epoch ({epochs['setting']}, {epochs['batches_per_epoch']} batches per epoch, "
+        f"as a `for` loop per epoch reads it): {shown} images/s"
+    )
+    if epochs.get("cost_frac") is not None:
+        line += f", {epochs['cost_frac']:.1%} below the same read as one stream"
+    start = epochs.get("epoch_start")
+    if start:
+        line += f"; each epoch start {start['stall_ms']:,.0f} ms, {start['share']:.1%} of the time"
+    return [line]
 
 
 def bench_table(results: Sequence[BenchResult]) -> Table:
@@ -216,6 +330,13 @@ def bench_table(results: Sequence[BenchResult]) -> Table:
 
 
 _NUMERIC = {"batches", "images/s", "data-wait"}
+
+
+def pct_pm(value: float | None, error: float | None) -> str:
+    """A share with its error, '31.0% ± 1.2%'; '-' for none."""
+    if value is None:
+        return "-"
+    return pct(value) if error is None else f"{value:.1%} ± {error:.1%}"
 
 
 def pct(value: float | None, digits: int = 1) -> str:

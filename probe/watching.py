@@ -5,12 +5,14 @@
     for images, labels in watch(train_loader, name="resnet50-bs256"):
         ...  # your training step
 
-Each batch's data-wait (the time spent getting it from the loader) and step (the time from
-handing it over until the next one is asked for) are recorded, with the GPU and host samplers
-running, as a run of kind `watch` in the store: the dashboard, `probe show`, the diagnosis and
-the reports work on it as on a probe's run. Under DDP (torchrun), each rank is a lane of one run.
-Recording never breaks training: if the store cannot be used, it warns once and the loop runs on
-unwatched.
+Each batch's data-wait (the time spent getting it from the loader, `iter()` included: a
+DataLoader starts or resumes its workers there) and step (the time from handing it over until
+the next one is asked for) are recorded, with the GPU and host samplers running, as a run of
+kind `watch` in the store: the dashboard, `probe show`, the diagnosis and the reports work on it
+as on a probe's run. One watched job is one run, and each `for` over it an epoch of that run, so
+that its epoch starts are measured and judged; its first batches are warm-up, once. Under DDP
+(torchrun), each rank is a lane of one run. Recording never breaks training: if the store cannot
+be used, it warns once and the loop runs on unwatched.
 """
 
 from __future__ import annotations
@@ -24,13 +26,16 @@ import sys
 import threading
 import time
 import warnings
+import weakref
 from collections import deque
 from collections.abc import Iterable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from pipelines import InputError
 from probe.recorder import Drained, Recorder
+from probe.steady import Warmup
 from probe.store import BatchEvent, LaneRecord, RunExport, RunRecord, RunStatus, Store, clock_shift
 
 T = TypeVar("T")
@@ -45,73 +50,112 @@ def watch(
     *,
     db: Path | str | None = None,
     sample_hz: float = 10.0,
-    warmup: int = 5,
+    warmup: int | str = 5,
 ) -> Watched[T]:
     """Yields what `iterable` yields, recording how long each item took to get and to use.
+
+    One watched job is one run: each `for` over the result is an epoch of it, and the run ends
+    with `close()`, at the end of a `with` block, when the result is dropped, or when the
+    process exits.
 
     Args:
         iterable: a torch DataLoader, a DALI iterator or any iterable of batches.
         name: the run's label in listings.
         db: the store; default `$FEEDSCOPE_DB`, else your data folder.
         sample_hz: GPU and host samples per second (0: none).
-        warmup: first batches recorded but left out of every figure (workers starting,
-            cuDNN choosing its algorithms).
+        warmup: the job's first batches, recorded but left out of every figure (workers
+            starting, cuDNN choosing its algorithms), once; or "auto": until the rate settles.
     """
     return Watched(iterable, name, db, sample_hz, warmup)
 
 
 class Watched(Generic[T]):
-    """An iterable that records its iteration; each `for` over it is one run."""
+    """An iterable that records its iteration: one run, each `for` over it an epoch."""
 
     def __init__(
         self, iterable: Iterable[T], name: str | None, db: Path | str | None, sample_hz: float,
-        warmup: int,
+        warmup: int | str,
     ) -> None:  # fmt: skip
         self.iterable, self.name, self.db = iterable, name, db
         self.sample_hz, self.warmup = sample_hz, warmup
+        self._recording: _Recording | None = None
+        self._started = False
+        self._epoch = -1
+        self._index = 0
+        self._active = [False]  # a `for` is under way (read by the run's end at exit)
+        fixed = None if str(warmup) == "auto" else int(warmup)
+        self._warmup = Warmup(fixed, _workers(iterable), by_epoch=True)
 
     def __len__(self) -> int:
         return len(self.iterable)  # type: ignore[arg-type]
 
+    def __enter__(self) -> Watched[T]:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        self.close(RunStatus.COMPLETED if exc_type is None else RunStatus.INTERRUPTED)
+
+    def close(self, status: RunStatus = RunStatus.COMPLETED, reason: str | None = None) -> None:
+        """Ends the run: what is left is written, with the lane's figures."""
+        if self._recording is not None:
+            self._recording.finish(status, reason)
+
     def __iter__(self) -> Iterator[T]:
-        recording = _Recording.start(self)
-        source = iter(self.iterable)
-        if recording is None:
-            yield from source
+        if not self._started:
+            self._started = True
+            self._recording = _Recording.start(self)
+            if self._recording is not None:  # ends the run when this object goes
+                weakref.finalize(self, self._recording.finish_quietly, self._active)
+        recording = self._recording
+        if recording is None or recording.ended:
+            yield from self.iterable
             return
-        events, lane, warmup = recording.events, recording.lane, self.warmup
-        index = 0
+        self._epoch += 1
+        events, lane, epoch, clock = (
+            recording.events,
+            recording.lane,
+            self._epoch,
+            time.monotonic_ns,
+        )
         pending: tuple[int, int, int] | None = None  # asked, got, size of the batch handed out
-        status, reason = RunStatus.COMPLETED, None
-        clock = time.monotonic_ns
+        self._active[0] = True
+        asked = clock()  # before iter(): a DataLoader starts, or resumes, its workers there
         try:
+            source = iter(self.iterable)
             while True:
-                asked = clock()
                 if pending is not None:
-                    events.append(_event(lane, index, pending, asked, index < warmup))
-                    index, pending = index + 1, None
+                    events.append(self._event(lane, pending, asked, epoch))
+                    pending = None
                 try:
                     batch = next(source)
                 except StopIteration:
                     return
                 pending = (asked, clock(), batch_size(batch))
                 yield batch
+                asked = clock()
         except GeneratorExit:  # the loop was left (a break, or an error in the step)
             raise
         except BaseException as error:  # the loader failed: recorded, and raised on
-            status, reason = RunStatus.FAILED, f"{type(error).__name__}: {error}".splitlines()[0]
+            reason = f"{type(error).__name__}: {error}".splitlines()[0]
+            recording.finish(RunStatus.FAILED, reason)
             raise
         finally:
             if pending is not None:
-                events.append(_event(lane, index, pending, clock(), index < warmup))
-            recording.finish(status, reason)
+                events.append(self._event(lane, pending, clock(), epoch))
+            self._active[0] = False
+
+    def _event(self, lane: int, batch: tuple[int, int, int], done: int, epoch: int) -> BatchEvent:
+        asked, got, size = batch
+        event = BatchEvent(lane, self._index, asked, (got - asked) / 1e9, (done - got) / 1e9,
+                           size, False, epoch)  # fmt: skip
+        self._index += 1
+        return replace(event, warmup=True) if self._warmup.warming(event) else event
 
 
-def _event(
-    lane: int, index: int, batch: tuple[int, int, int], done: int, warmup: bool
-) -> BatchEvent:
-    asked, got, size = batch
-    return BatchEvent(lane, index, asked, (got - asked) / 1e9, (done - got) / 1e9, size, warmup)
+def _workers(iterable: Any) -> int | None:
+    """A torch DataLoader's workers, which make batches in turn."""
+    workers = getattr(iterable, "num_workers", None)
+    return workers if isinstance(workers, int) else None
 
 
 def batch_size(batch: Any) -> int:
@@ -140,6 +184,7 @@ class _Recording:
         self.recorder: Recorder | None = None
         self._done = threading.Event()
         self._ended: tuple[RunStatus, str | None] | None = None
+        self.ended = False
         self._thread = threading.Thread(
             target=self._write_loop, name="feedscope-watch", daemon=True
         )
@@ -187,7 +232,7 @@ class _Recording:
             label=watched.name,
             config={
                 "pipeline": kind, "spec": spec, "consumer": "your training step",
-                "warmup": watched.warmup, "batches": None, "duration_s": None,
+                "warmup": watched.warmup, "read": "epochs", "batches": None, "duration_s": None,
                 "sample_hz": watched.sample_hz, "world_size": world, "torchrun": rank is not None,
                 "lanes": [{"lane": lane, "gpu": None if device is None else device.index,
                            "shard_id": lane, "num_shards": world}],
@@ -208,11 +253,14 @@ class _Recording:
             path = store.path
         recording = cls(path, run, lane, shift, gpus)
         if watched.sample_hz > 0:
-            recording.recorder = Recorder(watched.sample_hz, gpus, HostSampler())
+            # Under torchrun the node's ranks are the launcher's children: all of them are the
+            # job's, not the host's other load.
+            root = os.getppid() if rank is not None else None
+            recording.recorder = Recorder(watched.sample_hz, gpus, HostSampler(root))
             recording.recorder.set_lane_pid(lane, os.getpid())
             recording.recorder.start()
         recording._thread.start()
-        atexit.register(recording.finish, RunStatus.INTERRUPTED, "the process exited mid-loop")
+        atexit.register(recording.finish_quietly, watched._active)
         return recording
 
     def finish(self, status: RunStatus, reason: str | None) -> None:
@@ -220,9 +268,17 @@ class _Recording:
         if self._ended is not None:
             return
         self._ended = (status, reason)
+        self.ended = True
         self._done.set()
         self._thread.join(timeout=30)
-        atexit.unregister(self.finish)
+        atexit.unregister(self.finish_quietly)
+
+    def finish_quietly(self, active: list[bool]) -> None:
+        """The run's end when nobody ended it: completed, unless a `for` was under way."""
+        if active[0]:
+            self.finish(RunStatus.INTERRUPTED, "the process exited mid-loop")
+        else:
+            self.finish(RunStatus.COMPLETED, None)
 
     def _write_loop(self) -> None:
         from probe.summary import figures_from_store

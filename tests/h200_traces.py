@@ -3,7 +3,9 @@
 Each folder is one run recorded on a host with two H200s and 32 cores: its meta.json becomes the
 run's config and host, batches.csv its batch events, samples.csv its GPU samples and the host's
 CPU. The two `two_gpu_rn50_gpu{0,1}_w14` folders ran at the same time and become one run with two
-lanes. What the traces did not record (per-core CPU, per-process CPU, memory) stays unknown.
+lanes. The DataLoader runs read epoch by epoch (the README says how): 32 batches per epoch, the
+first epoch start at measured batch 29, and so are their events' epochs. What the traces did not
+record (per-core CPU, per-process CPU, memory) stays unknown.
 
     python tests/h200_traces.py STORE.db
 """
@@ -23,6 +25,8 @@ from probe.summary import figures_from_store
 TRACES = Path(__file__).parent / "data" / "h200-traces"
 TOGETHER = {"two_gpu_rn50": ["two_gpu_rn50_gpu0_w14", "two_gpu_rn50_gpu1_w14"]}
 HOST = "h200-trace-host"
+BATCHES_PER_EPOCH = 32  # 4096 images, batch 128, drop_last
+FIRST_EPOCH_START = 29  # the measured batch that opens the first epoch after the warm-up
 
 
 def convert(store: Store, traces: Path = TRACES) -> dict[str, str]:
@@ -50,6 +54,7 @@ def _convert_run(store: Store, traces: Path, name: str, parts: list[str]) -> str
             "num_workers": meta.get("workers"),
             "prefetch_factor": meta.get("prefetch_factor"),
             "pin_memory": meta.get("pin_memory"),
+            "persistent_workers": True,
             "output_dtype": "float32",  # torchvision's ToTensor and Normalize in the workers
         },
         "dali": {"num_threads": meta.get("threads"), "decoder": meta.get("decoder")},
@@ -64,7 +69,22 @@ def _convert_run(store: Store, traces: Path, name: str, parts: list[str]) -> str
         pipeline=backend,
         consumer=f"model:{meta['model_name']}" if meta["model"] else "none",
         label=name,
-        config={"pipeline": backend, "spec": spec, "source": "tests/data/h200-traces"},
+        config={
+            "pipeline": backend,
+            "spec": spec,
+            "read": "epochs" if backend == "torch" else "stream",
+            "lanes": [
+                {
+                    "lane": i,
+                    "gpu": i,
+                    "shard_id": i,
+                    "num_shards": len(parts),
+                    "batches_per_epoch": BATCHES_PER_EPOCH,
+                }
+                for i in range(len(parts))
+            ],
+            "source": "tests/data/h200-traces",
+        },
         host={"hostname": HOST, "cpus": meta["host_cpus"], "gpus": gpus},
         hostname=HOST,
         pid=None,
@@ -88,6 +108,7 @@ def _convert_run(store: Store, traces: Path, name: str, parts: list[str]) -> str
                 step_s=float(row["step_s"]),
                 size=int(row["samples"]),
                 warmup=False,  # the traces start after their warm-up
+                epoch=_epoch(int(row["batch"])) if backend == "torch" else 0,
             )
             for row in _rows(traces / part / "batches.csv")
         ]
@@ -132,6 +153,13 @@ def _host_sample(row: dict[str, str]) -> HostSample:
         tree_cpu_pct=None,
         tree_processes=None,
     )
+
+
+def _epoch(index: int) -> int:
+    """The epoch of a DataLoader trace's measured batch `index`."""
+    if index < FIRST_EPOCH_START:
+        return 0
+    return 1 + (index - FIRST_EPOCH_START) // BATCHES_PER_EPOCH
 
 
 def _rows(path: Path) -> list[dict[str, str]]:

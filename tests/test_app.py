@@ -17,6 +17,7 @@ from streamlit.testing.v1 import AppTest
 
 from pipelines.sample_data import SampleParams, make_sample_dataset
 from probe.queries import running_runs
+from probe.steady import plus_minus
 from probe.store import RunStatus, Store
 
 APP = str(Path(__file__).resolve().parents[1] / "app" / "streamlit_app.py")
@@ -223,8 +224,9 @@ def test_a_doctor_run_shows_the_sessions_ranked_recommendations(
     no_errors(at)
     shown = table(at, "predicted images/s")
     assert [row["change"] for row in shown] == [r["setting"] for r in doctor["recommendations"]]
-    assert shown[0]["predicted images/s"] == round(
-        doctor["recommendations"][0]["predicted_images_per_s"]
+    top = doctor["recommendations"][0]
+    assert shown[0]["predicted images/s"] == plus_minus(
+        top["predicted_images_per_s"], top["predicted_error"]
     )
     assert any(doctor["session_id"] in text for text in texts(at.markdown))
 
@@ -326,7 +328,7 @@ def test_launch_refuses_a_bad_form_before_anything_starts(
     at.number_input(key="launch-budget").set_value(3.0)
     at.button[0].click().run()
     (problem,) = texts(at.error)
-    assert problem.startswith("--budget 3 s is too small to measure anything")
+    assert problem.startswith("--budget 3 s cannot fit one trustworthy point")
     with Store(db) as store:
         assert store.launches() == []
 

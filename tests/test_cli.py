@@ -75,7 +75,7 @@ def test_bench_prints_one_json_document_for_both_pipelines(small_data: Path) -> 
         assert row["batches"] == 3
         assert row["images"] == 12
         assert row["images_per_s"] > 0
-    assert document["results"][0]["settings"] == "num_workers=1 uint8"
+    assert document["results"][0]["settings"] == "num_workers=1 float32"  # on the CPU
     assert document["results"][1]["settings"] == "decoder=cpu num_threads=1"
 
 

@@ -30,7 +30,7 @@ from probe.diagnose import (
 )
 from probe.runner import ProbeConfig, plan_lanes, run_probe
 from probe.store import RunStatus, Store
-from probe.sweep import Budget
+from probe.sweep import POINT_GUESS_S, Budget, check_budget
 
 STARVED_LANE = LaneFacts(
     lane=0, status="completed", backend="torch", consumer="model:resnet50", batch_size=128,
@@ -157,15 +157,23 @@ def test_the_worker_ladder_goes_one_step_past_the_cores(cores: int, expected: li
     assert ladder(cores) == expected
 
 
-def test_the_budget_shares_what_is_left_and_refuses_too_little() -> None:
-    budget = Budget(60.0, 3)
-    budget.require(3, "three runs")
-    assert budget.next_duration() == pytest.approx(15.0, abs=0.1)  # 60 / 3 - 5 s start-up
-    budget.ran(wall_s=12.0, measured_s=4.0)  # start-up measured: 8 s
-    assert budget.overhead_s == 8.0
-    with pytest.raises(InputError, match="too small to measure anything") as caught:
-        Budget(8.0, 2).require(2, "a sweep")
-    assert "give --budget 12 or more" in str(caught.value)
+def test_the_budget_drops_points_it_cannot_fit_and_refuses_too_little() -> None:
+    budget = Budget(60.0)
+    assert budget.point_cost() == POINT_GUESS_S  # before any point was timed
+    assert budget.fits(reserve=2)
+    budget.ran(20.0)
+    budget.ran(30.0)
+    assert budget.point_cost() == 25.0  # the median of those timed
+    assert budget.fits(reserve=1)
+    assert not budget.fits(reserve=2)  # three points of 25 s do not fit in 60
+    config = ProbeConfig(
+        backend=Backend.TORCH, spec=PipelineSpec("."), lanes=plan_lanes(None, 1),
+        consumer=parse_consumer("sleep:30"),
+    )  # fmt: skip
+    check_budget(15.0, 1, config, "a diagnosis")
+    with pytest.raises(InputError, match="cannot fit one trustworthy point") as caught:
+        check_budget(5.0, 1, config, "a diagnosis")
+    assert "give --budget 11 or more" in str(caught.value)
 
 
 @pytest.fixture(scope="module")
@@ -230,14 +238,16 @@ def test_sweep_finds_a_knee_and_show_has_the_diagnosis(tmp_path: Path, photos: P
     assert shown["diagnosis"]["verdict"]["kind"] == VerdictKind.PIPELINE_ONLY.value
 
 
-@pytest.mark.parametrize("command", ["doctor", "sweep"])
-def test_a_budget_too_small_to_measure_anything_is_refused(
-    tmp_path: Path, photos: Path, command: str
+@pytest.mark.parametrize(("command", "least"), [("doctor", 11), ("sweep", 16)])
+def test_a_budget_too_small_for_one_trustworthy_point_is_refused(
+    tmp_path: Path, photos: Path, command: str, least: int
 ) -> None:
     result = probe(command, "--data", photos, "--db", tmp_path / "s.db", "--budget", "3", *SMALL)
     assert result.returncode == 2
-    assert result.stderr.startswith("error: --budget 3 s is too small to measure anything")
+    assert result.stderr.startswith("error: --budget 3 s cannot fit ")
+    assert f"give --budget {least} or more" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "s.db").exists()  # refused before anything was written
 
 
 def test_an_interrupted_run_is_diagnosed_partial(tmp_path: Path, photos: Path) -> None:

@@ -66,12 +66,14 @@ def test_documented_run_json_keys_are_the_real_ones(tmp_path: Path) -> None:
     for n in range(4):
         write_jpeg(tmp_path / "data" / "a" / f"{n}.jpg", solid((40 * n, 90, 90)))
     result = probe_cli("run", "--data", tmp_path / "data", "--gpus", "none", "--db",
-                       tmp_path / "s.db", "--json", "--batch-size", 2, "--batches", 2,
-                       "--warmup", 1, "--workers", 0, "--image-size", 32)  # fmt: skip
+                       tmp_path / "s.db", "--json", "--batch-size", 2, "--batches", 4, "--warmup",
+                       1, "--workers", 0, "--image-size", 32, "--read", "epochs")  # fmt: skip
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
     lane = document["lanes"][0]
     real = set(document) | set(lane) | set(lane["batch_latency_ms"]) | set(document["samples"])
+    real |= set(document["config"]) | set(document["config"]["lanes"][0])
+    real |= set(lane["epoch_start"])
     real |= {"hostname", "cpus", "gpus", "driver", "index", "uuid", "name", "memory_mib"}
     real |= {"source", "device", "metric", "reason"}  # an unavailable metric's keys
     assert documented <= real, documented - real

@@ -7,6 +7,7 @@ import sys
 import time
 
 import psutil
+import pytest
 
 from probe.samplers.host import HostSampler, host_facts
 
@@ -47,3 +48,48 @@ def test_host_facts() -> None:
     facts = host_facts()
     assert facts["cpu_cores_total"] == psutil.cpu_count()
     assert facts["memory_mib"] > 100
+
+
+# a process that starts short-lived children one after another, each burning 0.3 s of CPU
+CHURN = (
+    "import subprocess, sys, time\n"
+    "burn = 'import time\\nend = time.process_time() + 0.3\\n'\n"
+    "burn += 'while time.process_time() < end: pass'\n"
+    "for _ in range(8):\n"
+    "    subprocess.run([sys.executable, '-c', burn])\n"
+    "time.sleep(30)\n"
+)
+
+
+def test_children_that_end_between_readings_are_counted_once() -> None:
+    """Workers started anew each epoch live shorter than the trees are read (once a second):
+    they are counted once, whether they were seen running or not."""
+    sampler = HostSampler()
+    lane = subprocess.Popen([sys.executable, "-c", CHURN])
+    counted, last = 0.0, time.monotonic_ns()
+
+    def read() -> None:
+        nonlocal counted, last
+        time.sleep(0.1)
+        now = time.monotonic_ns()
+        _, lanes = sampler.sample(now)
+        counted += sum(s.cpu_pct for s in lanes) / 100 * (now - last) / 1e9
+        last = now
+
+    try:
+        sampler.lane_pids[0] = lane.pid
+        root = psutil.Process(lane.pid)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            read()
+            times = root.cpu_times()
+            if times.children_user + times.children_system >= 8 * 0.3 and not root.children():
+                break
+        for _ in range(3):  # what ended last reaches the counters at the next readings
+            read()
+        times = root.cpu_times()
+        truth = times.user + times.system + times.children_user + times.children_system
+    finally:
+        lane.kill()
+    assert truth >= 8 * 0.3
+    assert counted == pytest.approx(truth, rel=0.1)

@@ -305,7 +305,8 @@ def test_gpu_batches_land_on_the_chosen_device(
 def _start_method_in_this_process(root: str) -> str:
     spec = make_spec(Path(root), dataloader=DataLoaderOptions(num_workers=1))
     with build_pipeline(spec, Backend.TORCH) as pipeline:
-        return str(pipeline._loader.multiprocessing_context.get_start_method())  # type: ignore[attr-defined]
+        loader, _ = pipeline._loader("stream")  # type: ignore[attr-defined]
+        return str(loader.multiprocessing_context.get_start_method())
 
 
 def test_workers_start_as_in_a_fresh_process_even_inside_a_spawned_one(
@@ -322,4 +323,5 @@ def test_workers_start_as_in_a_fresh_process_even_inside_a_spawned_one(
         coded_dataset, dataloader=DataLoaderOptions(num_workers=1, start_method="spawn")
     )
     with build_pipeline(asked, Backend.TORCH) as pipeline:
-        assert pipeline._loader.multiprocessing_context.get_start_method() == "spawn"  # type: ignore[attr-defined]
+        loader, _ = pipeline._loader("epoch")  # type: ignore[attr-defined]
+        assert loader.multiprocessing_context.get_start_method() == "spawn"

@@ -12,6 +12,7 @@ import pytest
 
 from helpers import CHROMIUM_ARGS, HOSTILE_FOLDER, HOSTILE_LABEL, chromium, probe_cli
 from probe.report import REPORT_SCHEMA
+from probe.steady import plus_minus
 
 CHROMIUM, MISSING = chromium()
 
@@ -51,7 +52,8 @@ def test_the_markdown_summary_of_a_doctor_session_fits_a_pr_comment(
     assert text.startswith(f"### feedscope: doctor session {doctor['session_id']}\n")
     top = doctor["recommendations"][0]
     assert f"**Top recommendation**: `{top['setting']}`" in text
-    assert f"predicted {top['predicted_images_per_s']:,.0f} images/s" in text
+    shown = plus_minus(top["predicted_images_per_s"], top["predicted_error"])
+    assert f"predicted {shown} images/s" in text
     runs = re.findall(r"^\| `(\S+)` \|", text, re.MULTILINE)
     assert runs == doctor["run_ids"]
     assert len(text.splitlines()) < 40

@@ -67,7 +67,9 @@ def test_defaults_describe_imagenet_training_at_224() -> None:
     assert spec.augmentation.crop_area == (0.08, 1.0)
     assert spec.augmentation.flip_probability == 0.5
     assert spec.augmentation.mean == (0.485, 0.456, 0.406)
-    assert spec.dataloader.output_dtype is OutputDtype.UINT8
+    assert spec.dataloader.output_dtype is None  # chosen by the device:
+    assert spec.output_dtype is OutputDtype.FLOAT32  # normalized by the workers on the CPU,
+    assert PipelineSpec("data", device=0).output_dtype is OutputDtype.UINT8  # on a GPU after
 
 
 def test_strings_become_enums_and_the_decoder_follows_the_device() -> None:

@@ -25,8 +25,11 @@ BATCH = 4
 class SlowItems(Dataset[tuple[torch.Tensor, int]]):
     """Items that take LOAD_S each to load."""
 
+    def __init__(self, count: int = 64) -> None:
+        self.count = count
+
     def __len__(self) -> int:
-        return 64
+        return self.count
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         time.sleep(LOAD_S)
@@ -62,6 +65,38 @@ def test_watch_records_the_wait_and_step_split_of_a_training_loop(tmp_path: Path
     assert document["config"]["spec"]["dataloader"]["num_workers"] == 0
     assert document["pipeline"] == "torch" and document["consumer"] == "your training step"
     assert diagnosis.verdict.kind.value != "pipeline_only"  # a consumer that waits ~1/3 of the time
+
+
+def test_a_watched_job_is_one_run_with_an_epoch_per_for_and_its_epoch_starts_judged(
+    tmp_path: Path,
+) -> None:
+    """Workers started anew each epoch (persistent_workers=False, the DataLoader's default):
+    every epoch opens on a stall, which warm-up, left out once, does not hide."""
+    db = tmp_path / "store.db"
+    loader = DataLoader(SlowItems(16), batch_size=BATCH, num_workers=2, persistent_workers=False)
+    watched = watch(loader, name="four epochs", db=db, warmup=2)
+    seen = []
+    for _epoch in range(4):
+        for _images, labels in watched:
+            time.sleep(STEP_S)
+            seen.extend(labels.tolist())
+    watched.close()
+    assert seen == list(range(16)) * 4
+    with Store(db) as store:
+        (run,) = store.runs()
+        events = store.batches(run.run_id)
+        document = run_document(store, run.run_id)
+        diagnosis = diagnose_run(store, run.run_id).as_dict()
+    assert run.status.value == "completed" and run.label == "four epochs"
+    assert [e.epoch for e in events] == [0] * 4 + [1] * 4 + [2] * 4 + [3] * 4
+    assert [e.warmup for e in events] == [True] * 2 + [False] * 14  # once, at the start
+    start = document["lanes"][0]["epoch_start"]
+    assert start["starts"] == 3 and start["batches_per_epoch"] == 4
+    assert start["share"] >= 0.05
+    assert start["loader_start_ms"] is None  # your loader: its start is not seen apart
+    assert diagnosis["verdict"]["kind"] == "epoch_start_stall"
+    settings = [r["setting"] for r in diagnosis["recommendations"]]
+    assert {"sampler=endless", "persistent_workers=True"} <= set(settings)
 
 
 def test_leaving_the_loop_early_ends_the_run_with_what_was_measured(tmp_path: Path) -> None:

@@ -8,8 +8,9 @@ import streamlit as st
 
 from app import common
 from probe import figures
+from probe.steady import plus_minus
 from probe.summary import run_brief
-from probe.terminal import pct
+from probe.terminal import epochs_lines, pct, pct_pm
 
 
 def compare_runs(db: str, rows: list[dict[str, Any]]) -> None:
@@ -102,8 +103,8 @@ def compare_session() -> None:
             [
                 {
                     knob: p[knob],
-                    "images/s": round(p["images_per_s"]),
-                    "data-wait": pct(p["data_wait_frac"]),
+                    "images/s": plus_minus(p["images_per_s"], p.get("images_per_s_error")),
+                    "data-wait": pct_pm(p["data_wait_frac"], p.get("data_wait_frac_error")),
                     "CPU cores": "-" if p["cpu_pct"] is None else f"{p['cpu_pct'] / 100:.1f}",
                     "run": p["run_id"],
                 }
@@ -115,10 +116,15 @@ def compare_session() -> None:
         )
     for item in doc.get("skipped", []):
         st.caption(f"{knob}={item['setting']} not run: {item['reason']}")
-    if doctor:
+    if doctor and doc["verdict"] is None:
+        st.warning(f"No answer: {doc['reason']}")
+    elif doctor:
         verdict = doc["verdict"]
-        st.markdown(f"**Verdict**: {verdict['title']} ({verdict['severity']})")
+        trusted = "" if verdict.get("reliable", True) else "; not trusted: the host was busy"
+        st.markdown(f"**Verdict**: {verdict['title']} ({verdict['severity']}{trusted})")
         st.markdown("\n".join(f"- {item['text']}" for item in verdict["evidence"]))
+        for line in epochs_lines(doc.get("epochs")):
+            st.markdown(line)
         if dali.get("images_per_s") is not None:
             st.markdown(
                 f"**DataLoader against DALI**: best DataLoader {doc['knee']['images_per_s']:,.0f} "
@@ -127,9 +133,14 @@ def compare_session() -> None:
             )
         for rank, item in enumerate(doc["recommendations"], 1):
             verified = item.get("measured_images_per_s")
+            predicted = item["predicted_images_per_s"]
+            shown = (
+                "not predicted"
+                if predicted is None
+                else f"predicted {plus_minus(predicted, item.get('predicted_error'))} images/s"
+            )
             st.markdown(
-                f"{rank}. `{item['setting']}`: {item['action']}; predicted "
-                f"{(item['predicted_images_per_s'] or 0):,.0f} images/s"
+                f"{rank}. `{item['setting']}`: {item['action']}; {shown}"
                 + (f", verified {verified:,.0f}" if verified is not None else "")
             )
 

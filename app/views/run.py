@@ -8,8 +8,9 @@ import streamlit as st
 
 from app import common
 from probe import figures
+from probe.steady import plus_minus
 from probe.summary import reproduce_command
-from probe.terminal import gpu_busy, pct
+from probe.terminal import gpu_busy, pct, pct_pm, run_notes
 
 
 def pick_run(rows: list[dict[str, Any]]) -> str | None:
@@ -65,8 +66,8 @@ def header(doc: dict[str, Any]) -> None:
                 "shard": f"{x['shard_id']}/{x['num_shards']}",
                 "status": x["status"],
                 "batches": x["batches"],
-                "images/s": round(x["images_per_s"]),
-                "data-wait": pct(x["data_wait_frac"]),
+                "images/s": plus_minus(x["images_per_s"], x.get("images_per_s_error")),
+                "data-wait": pct_pm(x["data_wait_frac"], x.get("data_wait_frac_error")),
                 "latency p50/p95/p99 ms": "/".join(
                     "-" if x["batch_latency_ms"][k] is None else f"{x['batch_latency_ms'][k]:.1f}"
                     for k in ("p50", "p95", "p99")
@@ -81,6 +82,9 @@ def header(doc: dict[str, Any]) -> None:
         width="stretch",
         key="run-lanes",
     )
+    notes = run_notes(doc)
+    if notes:
+        st.caption("  \n".join(notes))
 
 
 def diagnosis(diag: dict[str, Any], session: dict[str, Any] | None) -> None:
@@ -91,6 +95,8 @@ def diagnosis(diag: dict[str, Any], session: dict[str, Any] | None) -> None:
         title += f" ({verdict['severity']}: data-wait {pct(verdict['data_wait_frac'])})"
     if diag["partial"]:
         title += " - partial: the run did not complete"
+    if verdict.get("reliable") is False:
+        title += " - not trusted: the host was busy"
     (st.error if verdict["severity"] == "high" else st.warning if verdict["severity"] ==
      "moderate" else st.success)(title)  # fmt: skip
     st.markdown("\n".join(f"- {item['text']}" for item in verdict["evidence"]))
@@ -108,7 +114,9 @@ def diagnosis(diag: dict[str, Any], session: dict[str, Any] | None) -> None:
                 {
                     "#": rank,
                     "change": item["setting"],
-                    "predicted images/s": _round(item["predicted_images_per_s"]),
+                    "predicted images/s": "-"
+                    if item["predicted_images_per_s"] is None
+                    else plus_minus(item["predicted_images_per_s"], item.get("predicted_error")),
                     "verified images/s": _round(item.get("measured_images_per_s")),
                     "what": item["action"],
                     "basis": item["basis"],

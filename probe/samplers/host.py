@@ -43,14 +43,17 @@ class HostSampler:
             self._unavailable.append(
                 Unavailable("host", "", "disk_read_mib_s", "no disk counters here (a container?)")
             )
-        self._cpu_seconds: dict[tuple[int, float], float] = {}  # (pid, start time) -> CPU s
+        # (what, pid, start time) -> CPU seconds last read; what: own, ended (its ended
+        # children's), thread (its main thread's)
+        self._cpu_seconds: dict[tuple[str, int, float], float] = {}
+        self._started = time.time()  # processes older than this: only their time from now on
+        self._carry: dict[int, float] = {}  # tree -> CPU seconds given back ahead of time
         self._trees: dict[int, _Tree] = {}  # -1: the whole run
         self._slow_ns = 0
         self._disk_read_mib_s: float | None = None
         self._memory_used_mib = psutil.virtual_memory().used / 2**20
         self._processes: dict[int, psutil.Process] = {}
-        # What the sampling process did before now is not the run's.
-        self._cpu_delta(self._process(self.root_pid))
+        self._cpu_delta(self._process(self.root_pid))  # its time before now is not the run's
 
     def unavailable(self) -> list[Unavailable]:
         return list(self._unavailable)
@@ -71,8 +74,8 @@ class HostSampler:
             LaneCpuSample(
                 t_ns=t_ns,
                 lane=lane,
-                cpu_pct=100 * sum(deltas.get(p.pid, 0.0) for p in tree.members) / seconds,
-                main_cpu_pct=100 * deltas.get(tree.root_pid, 0.0) / seconds,
+                cpu_pct=100 * self._tree_seconds(lane, tree, deltas) / seconds,
+                main_cpu_pct=100 * deltas.get(tree.root_pid, (0.0, 0.0))[0] / seconds,
                 main_thread_cpu_pct=100 * self._main_thread_delta(tree.root_pid) / seconds,
                 processes=len(tree.members),
                 threads=tree.threads,
@@ -82,6 +85,7 @@ class HostSampler:
         ]
         run_tree = self._trees.get(-1)
         run_members = run_tree.members if run_tree is not None else []
+
         host = HostSample(
             t_ns=t_ns,
             cpu_pct=sum(per_core) / len(per_core),
@@ -90,7 +94,7 @@ class HostSampler:
             steal_pct=steal,
             disk_read_mib_s=self._disk_read_mib_s,
             memory_used_mib=self._memory_used_mib,
-            tree_cpu_pct=100 * sum(deltas.get(p.pid, 0.0) for p in run_members) / seconds,
+            tree_cpu_pct=100 * self._tree_seconds(-1, run_tree, deltas) / seconds,
             tree_processes=len(run_members),
         )
         return host, lanes
@@ -107,6 +111,7 @@ class HostSampler:
 
     def _refresh_trees(self) -> None:
         trees = {-1: self.root_pid, **self.lane_pids}
+        before = {key: {p.pid: p for p in tree.members} for key, tree in self._trees.items()}
         self._trees = {}
         for key, pid in trees.items():
             root = self._process(pid)
@@ -118,6 +123,18 @@ class HostSampler:
                 members = [root]
             members = [self._processes.setdefault(p.pid, p) for p in members]
             self._trees[key] = _Tree(pid, members, sum(_threads(p) for p in members))
+        # A member gone from its tree ended and was reaped since the last reading: its parent's
+        # counters of ended children now hold its whole time; take back what was counted of it.
+        gone: dict[tuple[str, int, float], float] = {}
+        for key, was in before.items():
+            now = {p.pid for p in self._trees[key].members} if key in self._trees else set()
+            for pid, process in was.items():
+                if pid not in now:
+                    counted = ("own", pid, process.create_time())
+                    gone[counted] = self._cpu_seconds.get(counted, 0.0)
+                    self._carry[key] = self._carry.get(key, 0.0) - gone[counted]
+        for counted in gone:
+            self._cpu_seconds.pop(counted, None)
 
     def _process(self, pid: int) -> psutil.Process | None:
         if pid not in self._processes:
@@ -127,16 +144,39 @@ class HostSampler:
                 return None
         return self._processes[pid]
 
-    def _cpu_delta(self, process: psutil.Process | None) -> float:
-        """CPU seconds `process` used since it was last read (since it started, at first)."""
+    def _cpu_delta(self, process: psutil.Process | None) -> tuple[float, float]:
+        """CPU seconds `process` used since it was last read (since it started, at first), and
+        those of its children that ended meanwhile. A child that ends between two readings of
+        the trees (a DataLoader's workers, started anew each epoch) is not lost: its parent's
+        counters of ended children take it in, and what was counted of it while it ran is
+        taken back once, when it is gone (as a negative own time)."""
         if process is None:
-            return 0.0
+            return 0.0, 0.0
+        created = process.create_time()  # cached by psutil: works once it is gone
+        key = ("own", process.pid, created)
         try:
             times = process.cpu_times()
-            key = (process.pid, process.create_time())
         except psutil.Error:
+            return -self._cpu_seconds.pop(key, 0.0), 0.0
+        ended = getattr(times, "children_user", 0.0) + getattr(times, "children_system", 0.0)
+        return (
+            self._since_last(key, times.user + times.system),
+            self._since_last(("ended", process.pid, created), ended),
+        )
+
+    def _tree_seconds(
+        self, key: int, tree: _Tree | None, deltas: dict[int, tuple[float, float]]
+    ) -> float:
+        """A tree's CPU seconds since the last sample. What an ended child gives back can come
+        a sample before its parent's counters take it in: it is carried, never shown below 0."""
+        if tree is None:
             return 0.0
-        return self._since_last(key, times.user + times.system)
+        total = self._carry.pop(key, 0.0) + sum(sum(deltas.get(p.pid, (0.0, 0.0)))
+                                                for p in tree.members)  # fmt: skip
+        if total < 0:
+            self._carry[key] = total
+            return 0.0
+        return total
 
     def _main_thread_delta(self, pid: int) -> float:
         """CPU seconds of the process's main thread (the Python loop) since it was last read."""
@@ -148,12 +188,18 @@ class HostSampler:
             with open(f"/proc/{pid}/task/{pid}/stat", "rb") as stat:
                 fields = stat.read().rsplit(b")", 1)[1].split()
             seconds = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime
-            key = (-pid, process.create_time())
+            key = ("thread", pid, process.create_time())
         except (OSError, IndexError, ValueError, psutil.Error):
             return 0.0
         return self._since_last(key, seconds)
 
-    def _since_last(self, key: tuple[int, float], cpu_seconds: float) -> float:
+    def _since_last(self, key: tuple[str, int, float], cpu_seconds: float) -> float:
+        """CPU seconds since `key` was last read. At its first reading, all of a process's time
+        if it started while this sampler ran, else none: what a lane kept warm from an earlier
+        run did before this one is not this run's."""
+        if key not in self._cpu_seconds and key[2] < self._started:
+            self._cpu_seconds[key] = cpu_seconds
+            return 0.0
         previous = self._cpu_seconds.get(key, 0.0)
         self._cpu_seconds[key] = cpu_seconds
         return max(cpu_seconds - previous, 0.0)

@@ -1,0 +1,279 @@
+"""Steady state and its error: when warm-up ends, a figure from batch events with its
+uncertainty, and what epoch starts cost. Pure functions of batch events; no hardware.
+
+A batch's time is its wait plus its step: the probe's own bookkeeping between batches, and a
+training loop's time outside the loader's `for` (between epochs), are in no figure. Images/s is
+images over that time, data-wait the share of it spent waiting.
+
+Errors come from batch means: the measured batches are cut into consecutive blocks (at least
+`MIN_BLOCK_BATCHES` batches and a batch per DataLoader worker each, whole epochs when the loader
+restarts at each epoch), and the spread of the blocks gives a 95% interval (Student's t) for the
+ratio. A figure from fewer than `MIN_BLOCKS` blocks is not judged on.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from probe.store import BatchEvent
+
+MIN_BLOCKS = 10  # a figure is judged on at least this many blocks
+MAX_BLOCKS = 30  # more, longer blocks once there are enough batches: less correlated
+MIN_BLOCK_BATCHES = 4
+PRECISION = 0.03  # by default a point is measured until images/s is known within +-3% (95%)
+MAX_MEASURE_S = 60.0  # ... or for this long, whichever comes first
+MIN_MEASURE_S = 3.0  # and never on less than this: a few lucky blocks are not precision
+# Two runs of one setting in one session differ by more than their errors: the machine drifts
+# (seen: 2-7% on the 2-core machine; on an H100, 4% for 16 DataLoader workers between a doctor's
+# point and its verification, 12% against a sweep's point, with errors of 1-3%). Each run is
+# allowed this much more, at 95%, where runs are compared to recommend a change.
+DRIFT = 0.03
+SETTLED_WITHIN = 0.10  # warm-up ends once two windows' rates agree within 10%
+MIN_WINDOW_S = 1.0  # a warm-up window holds at least this much time ...
+WINDOW_BLOCKS = 2  # ... and this many blocks of batches
+MAX_WARMUP_S = 20.0  # then measuring starts anyway, and the run says it did not settle
+
+# Student's t, two-sided 95%, for 1 .. 30 degrees of freedom.
+_T95 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A measured figure and the half-width of its 95% interval (None: too few blocks)."""
+
+    value: float
+    error: float | None
+    blocks: int
+
+    @property
+    def relative_error(self) -> float | None:
+        if self.error is None or self.value == 0:
+            return None
+        return self.error / abs(self.value)
+
+    @property
+    def judged(self) -> bool:
+        """Whether it rests on enough blocks to judge or compare on."""
+        return self.error is not None and self.blocks >= MIN_BLOCKS
+
+    def within(self, precision: float) -> bool:
+        """Whether it is judged and known within `precision` (a share of its value)."""
+        relative = self.relative_error
+        return self.judged and relative is not None and relative <= precision
+
+
+def plus_minus(value: float, error: float | None) -> str:
+    """'3,945 ± 40', or '3,945' where the error is not known."""
+    return f"{value:,.0f}" if error is None else f"{value:,.0f} ± {error:,.0f}"
+
+
+def block_batches(loaders: int | None) -> int:
+    """Batches per block: at least one per DataLoader worker, which make them in turn."""
+    return max(MIN_BLOCK_BATCHES, loaders or 0)
+
+
+def batch_seconds(event: BatchEvent) -> float:
+    return event.wait_s + event.step_s
+
+
+def blocks(events: Sequence[BatchEvent], size: int) -> list[list[BatchEvent]]:
+    """Consecutive blocks of at least `size` events, at most MAX_BLOCKS of them; a last short
+    block is joined to the one before it. Where the events span MIN_BLOCKS epochs or more, the
+    blocks hold whole epochs: an epoch start's cost then falls into every block alike."""
+    by_epoch = len({e.epoch for e in events}) >= MIN_BLOCKS
+    out: list[list[BatchEvent]] = []
+    current: list[BatchEvent] = []
+    for event in events:
+        boundary = not by_epoch or (current and event.epoch != current[-1].epoch)
+        if len(current) >= size and boundary:
+            out.append(current)
+            current = []
+        current.append(event)
+    if current:
+        if out and len(current) < size:
+            out[-1] = out[-1] + current
+        else:
+            out.append(current)
+    if len(out) > MAX_BLOCKS:  # join neighbours evenly into MAX_BLOCKS blocks
+        edges = [round(i * len(out) / MAX_BLOCKS) for i in range(MAX_BLOCKS + 1)]
+        out = [[e for part in out[a:b] for e in part] for a, b in itertools.pairwise(edges)]
+    return out
+
+
+def ratio(pairs: Sequence[tuple[float, float]]) -> Estimate:
+    """Sum of numerators over sum of denominators, with the ratio estimator's 95% error over
+    the (numerator, denominator) pairs of the blocks."""
+    total_x = sum(x for _, x in pairs)
+    if total_x <= 0:
+        return Estimate(0.0, None, len(pairs))
+    value = sum(y for y, _ in pairs) / total_x
+    count = len(pairs)
+    if count < 2:
+        return Estimate(value, None, count)
+    mean_x = total_x / count
+    spread = sum((y - value * x) ** 2 for y, x in pairs) / (count - 1)
+    error = t95(count - 1) * math.sqrt(spread / count) / mean_x
+    return Estimate(value, error, count)
+
+
+def t95(degrees: int) -> float:
+    """Student's t quantile for a two-sided 95% interval."""
+    if degrees < 1:
+        return math.inf
+    if degrees <= len(_T95):
+        return _T95[degrees - 1]
+    return 1.96 + 2.4 / degrees  # within 0.1% of the exact value from 30 on
+
+
+def images_per_s(measured: Sequence[BatchEvent], loaders: int | None = None) -> Estimate:
+    """Images per second of batch time, with its error."""
+    parts = blocks(measured, block_batches(loaders))
+    return ratio([(sum(e.size for e in b), sum(batch_seconds(e) for e in b)) for b in parts])
+
+
+def data_wait(measured: Sequence[BatchEvent], loaders: int | None = None) -> Estimate:
+    """The share of batch time spent waiting for batches, with its error."""
+    parts = blocks(measured, block_batches(loaders))
+    return ratio([(sum(e.wait_s for e in b), sum(batch_seconds(e) for e in b)) for b in parts])
+
+
+def at_least(a: Estimate, fraction: float, b: Estimate) -> bool:
+    """Whether `a` is not significantly below `fraction` x `b` (their own errors)."""
+    return a.value + margin(a, fraction, b) >= fraction * b.value
+
+
+def above(a: Estimate, fraction: float, b: Estimate) -> bool:
+    """Whether `a`, measured in another run than `b`, is significantly above `fraction` x `b`:
+    beyond their errors and the drift between runs. What is recommended as a change rests on
+    this."""
+    return a.value - margin(a, fraction, b, drift=True) > fraction * b.value
+
+
+def margin(a: Estimate, fraction: float, b: Estimate, *, drift: bool = False) -> float:
+    """The 95% margin of `a` against `fraction` x `b`: their errors, and with `drift`, DRIFT of
+    each (two runs of one setting differ by more than their errors)."""
+    parts = [a.error or 0.0, fraction * (b.error or 0.0)]
+    if drift:
+        parts += [DRIFT * a.value, DRIFT * fraction * b.value]
+    return math.hypot(*parts)
+
+
+class Warmup:
+    """Tells which batches are warm-up: the first `fixed` ones, or (`fixed` None) those until
+    the rate settles: two consecutive windows of batches agree within SETTLED_WITHIN. With
+    `by_epoch` windows end at epoch starts, and measuring starts at one."""
+
+    def __init__(
+        self,
+        fixed: int | None,
+        loaders: int | None,
+        by_epoch: bool,
+        min_window_s: float = MIN_WINDOW_S,
+    ) -> None:
+        self.fixed, self.by_epoch, self.min_window_s = fixed, by_epoch, min_window_s
+        self.window_batches = 1 if by_epoch else WINDOW_BLOCKS * block_batches(loaders)
+        self.batches = 0
+        self.seconds = 0.0
+        self.settled: bool | None = None  # None while warming up
+        self._window = [0, 0.0, 0]  # batches, seconds, images
+        self._last_epoch: int | None = None
+        self._rates: list[float] = []
+
+    def warming(self, event: BatchEvent) -> bool:
+        """Whether `event`, the next batch, is still warm-up."""
+        if self.settled is not None:
+            return False
+        if self.fixed is not None:
+            if self.batches >= self.fixed:
+                self.settled = True
+                return False
+            self.batches += 1
+            return True
+        new_epoch = self._last_epoch is not None and event.epoch != self._last_epoch
+        self._last_epoch = event.epoch
+        count, seconds, _ = self._window
+        full = count >= self.window_batches and seconds >= self.min_window_s
+        # epochs too long to wait for are cut like a stream
+        boundary = new_epoch or not self.by_epoch or seconds >= MAX_WARMUP_S / 4
+        if full and boundary:
+            self._rates.append(self._window[2] / seconds if seconds > 0 else 0.0)
+            self._window = [0, 0.0, 0]
+            if self._agree() or self.seconds >= MAX_WARMUP_S:
+                self.settled = self._agree()
+                return False
+        self.batches += 1
+        self.seconds += batch_seconds(event)
+        self._window[0] += 1
+        self._window[1] += batch_seconds(event)
+        self._window[2] += event.size
+        return True
+
+    def _agree(self) -> bool:
+        if len(self._rates) < 2:
+            return False
+        last, before = self._rates[-1], self._rates[-2]
+        return abs(last - before) <= SETTLED_WITHIN * max(last, before)
+
+
+@dataclass(frozen=True)
+class EpochStarts:
+    """What epoch starts cost in a measured window."""
+
+    starts: int  # epoch starts within the measured window
+    batches_per_epoch: float  # batches an epoch: the median of those not cut by the end
+    opening_batches: int  # the batches of each start counted as its opening
+    stall_s: float  # per start: its opening batches' wait beyond the steady wait
+    share: float  # of the measured time
+    steady_images_per_s: float  # with the stalls taken out
+
+
+def epoch_starts(events: Sequence[BatchEvent], opening: int) -> EpochStarts | None:
+    """The cost of the epoch starts among `events` (warm-up ones included: they tell where
+    the measured ones' epochs began): for each measured batch that opens an epoch, the wait of
+    its first `opening` batches (a DataLoader makes one batch per worker while its prefetch
+    refills) beyond the mean wait of the other batches. None without a measured epoch start.
+    """
+    measured = [e for e in events if not e.warmup]
+    if not measured:
+        return None
+    starts = [
+        i for i, e in enumerate(events) if not e.warmup and i > 0 and e.epoch != events[i - 1].epoch
+    ]
+    if not starts:
+        return None
+    lengths: dict[int, int] = {}
+    for event in events:
+        lengths[event.epoch] = lengths.get(event.epoch, 0) + 1
+    whole = [n for epoch, n in lengths.items() if epoch != events[-1].epoch]  # the last: cut?
+    segments = len({e.epoch for e in measured})
+    per_epoch = statistics.median(whole) if whole else len(measured) / segments
+    window = max(1, min(opening, int(per_epoch // 2)))
+    opening_at = {
+        j
+        for i in starts
+        for j in range(i, min(i + window, len(events)))
+        if events[j].epoch == events[i].epoch
+    }
+    opening_waits = [e.wait_s for j, e in enumerate(events) if j in opening_at]
+    rest = [e.wait_s for j, e in enumerate(events) if not e.warmup and j not in opening_at]
+    steady_wait = sum(rest) / len(rest) if rest else 0.0
+    stall_total = max(0.0, sum(opening_waits) - len(opening_waits) * steady_wait)
+    seconds = sum(batch_seconds(e) for e in measured)
+    images = sum(e.size for e in measured)
+    steady_seconds = seconds - stall_total
+    return EpochStarts(
+        starts=len(starts),
+        batches_per_epoch=per_epoch,
+        opening_batches=window,
+        stall_s=stall_total / len(starts),
+        share=stall_total / seconds if seconds > 0 else 0.0,
+        steady_images_per_s=images / steady_seconds if steady_seconds > 0 else 0.0,
+    )
