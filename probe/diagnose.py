@@ -478,12 +478,17 @@ class RunDiagnosis:
         }
 
 
+def run_facts(store: Store, run_id: str) -> list[LaneFacts]:
+    """The facts of each lane of a stored run."""
+    run = store.run(run_id)
+    return [lane_facts(store, run, lane) for lane in store.lanes(run.run_id)]
+
+
 def diagnose_run(store: Store, run_id: str) -> RunDiagnosis:
     """Diagnoses one stored run. A failed or interrupted run is judged on what it recorded and
     marked partial."""
     run = store.run(run_id)
-    facts = [lane_facts(store, run, lane) for lane in store.lanes(run.run_id)]
-    return judge_run(run.run_id, run.status, facts)
+    return judge_run(run.run_id, run.status, run_facts(store, run.run_id))
 
 
 def judge_run(run_id: str, status: RunStatus, facts: Sequence[LaneFacts]) -> RunDiagnosis:

@@ -26,7 +26,14 @@ from pipelines import Backend, Batch, InputError, InputPipeline, PipelineSpec, b
 from pipelines.loader import NOTHING_TO_READ
 from probe.consumers import Consumer, ConsumerKind, ConsumerSpec, build_consumer
 from probe.devices import device_sync
-from probe.steady import MIN_BLOCKS, MIN_MEASURE_S, Warmup, block_batches, images_per_s
+from probe.steady import (
+    MIN_BLOCKS,
+    MIN_MEASURE_S,
+    Warmup,
+    batch_seconds,
+    block_batches,
+    images_per_s,
+)
 from probe.store import BatchEvent
 
 FLUSH_NS = 250_000_000  # events reach the coordinator at least this often
@@ -190,7 +197,7 @@ def _measure(
                 event = replace(event, warmup=True)
             else:
                 measured.append(event)
-                measured_s += event.wait_s + event.step_s
+                measured_s += batch_seconds(event)
             pending.append(event)
             index += 1
             if measured:
@@ -217,7 +224,7 @@ def _known_within(
     """Whether images/s is known within `precision`, on enough blocks and `least_s` seconds."""
     if len(measured) < MIN_BLOCKS * block_batches(loaders):
         return False
-    if sum(e.wait_s + e.step_s for e in measured) < least_s:
+    if sum(batch_seconds(e) for e in measured) < least_s:
         return False
     return images_per_s(measured, loaders).within(precision)
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from probe.samplers import HostSample
 from probe.samplers.host import pid_alive
+from probe.steady import wait_share
 from probe.store import RunRecord, RunStatus, Store
 
 POINTS = 600  # buckets per series: a chart's width in pixels, about
@@ -120,10 +121,9 @@ def run_series(store: Store, run_id: str, points: int = POINTS) -> RunSeries | N
         series = lanes.get(row["lane"])
         if series is None:
             continue
-        busy = row["wait_s"] + row["step_s"]
         series.t_s.append((row["bucket"] + 0.5) * batch_bucket_s)  # the interval's middle
         series.images_per_s.append(row["images"] / batch_bucket_s)
-        series.data_wait_frac.append(row["wait_s"] / busy if busy > 0 else None)
+        series.data_wait_frac.append(wait_share(row["wait_s"], row["step_s"]))
         series.latency_mean_ms.append(row["latency_mean_s"] * 1e3)
         series.latency_max_ms.append(row["latency_max_s"] * 1e3)
     for row in cpu:
@@ -327,7 +327,7 @@ class LiveSeries:
                 busy = wait + step
                 series.t_s.append(float(second))
                 series.images_per_s.append(images)
-                series.data_wait_frac.append(wait / busy if busy > 0 else None)
+                series.data_wait_frac.append(wait_share(wait, step))
                 series.latency_mean_ms.append(1e3 * busy / count if count else 0.0)
                 series.latency_max_ms.append(1e3 * worst)
             for second, cpu in sorted(self.lane_cpu.get(lane.lane, {}).items()):

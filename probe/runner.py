@@ -36,7 +36,7 @@ from probe.lane import LaneSetup, Measure, Read, lane_main
 from probe.recorder import Recorder
 from probe.samplers.host import HostSampler, host_facts, pid_alive
 from probe.samplers.nvml import GpuSampler
-from probe.steady import MAX_MEASURE_S, PRECISION
+from probe.steady import MAX_MEASURE_S, PRECISION, wait_share
 from probe.store import BatchEvent, LaneRecord, RunRecord, RunStatus, Store
 from probe.summary import figures_from_store
 
@@ -161,8 +161,7 @@ class LaneLive:
 
     def data_wait_frac(self, now_ns: int) -> float | None:
         events = self._window(now_ns)
-        busy = sum(e.wait_s + e.step_s for e in events)
-        return sum(e.wait_s for e in events) / busy if busy > 0 else None
+        return wait_share(sum(e.wait_s for e in events), sum(e.step_s for e in events))
 
     def _window(self, now_ns: int) -> list[BatchEvent]:
         return [e for e in self.recent if not e.warmup and now_ns - e.t_ns <= LIVE_WINDOW_NS]

@@ -213,6 +213,14 @@ def run_document(store: Store, run_id: str) -> dict[str, Any]:
     }
 
 
+def images_per_s_error(lanes: Sequence[dict[str, Any]]) -> float | None:
+    """The error of all lanes' images/s: theirs, added in quadrature (None if one is not
+    known)."""
+    errors = [lane.get("images_per_s_error") for lane in lanes]
+    known = [float(e) for e in errors if e is not None]
+    return math.hypot(*known) if known and len(known) == len(errors) else None
+
+
 def run_brief(document: dict[str, Any]) -> dict[str, Any]:
     """A run's headline figures, for comparing runs side by side: images/s (and its error, the
     lanes' added in quadrature), the worst lane's data-wait, the lanes' mean GPU busy-ness (and
@@ -222,7 +230,6 @@ def run_brief(document: dict[str, Any]) -> dict[str, Any]:
     sources = {x["sm_active_source"] for x in lanes} - {None}
     waits = [x["data_wait_frac"] for x in lanes if x["data_wait_frac"] is not None]
     cpu = [x["cpu_pct"] for x in lanes if x.get("cpu_pct") is not None]
-    errors = [x.get("images_per_s_error") for x in lanes]
     return {
         "run": document["run_id"],
         "name": document["label"] or f"{document['pipeline']} {document['run_id'][-4:]}",
@@ -231,7 +238,7 @@ def run_brief(document: dict[str, Any]) -> dict[str, Any]:
         "consumer": document["consumer"],
         "status": document["status"],
         "images_per_s": document["images_per_s"],
-        "images_per_s_error": None if not errors or None in errors else math.hypot(*errors),
+        "images_per_s_error": images_per_s_error(lanes),
         "data_wait_frac": max(waits) if waits else None,
         "sm_active_pct": sum(busy) / len(busy) if busy else None,
         "sm_active_source": sources.pop() if len(sources) == 1 else None,

@@ -33,7 +33,6 @@ from probe.diagnose import (
     KNEE_WITHIN,
     WAIT_MODERATE,
     Evidence,
-    LaneFacts,
     Recommendation,
     SweepAnalysis,
     SweepPoint,
@@ -42,14 +41,14 @@ from probe.diagnose import (
     analyze_sweep,
     diagnose_run,
     epoch_fixes,
-    lane_facts,
     past_the_peak,
+    run_facts,
 )
 from probe.lane import Read
 from probe.runner import Checked, Lanes, ProbeConfig, check_config
 from probe.steady import above, at_least, margin, plus_minus
 from probe.store import RunStatus, SessionRecord, Store
-from probe.summary import run_document
+from probe.summary import images_per_s_error, run_document
 
 SWEEP_SCHEMA = "feedscope.sweep/1"
 DOCTOR_SCHEMA = "feedscope.doctor/1"
@@ -185,9 +184,6 @@ def point_of(store: Store, document: dict[str, Any], setting: int) -> SweepPoint
     """A run as a sweep point: images/s over all lanes (errors added in quadrature), the worst
     lane's data-wait, and whether the host's other load could have moved it."""
     lanes = document["lanes"]
-    run = store.run(document["run_id"])
-    busy = any(lane_facts(store, run, lane).host_busy for lane in store.lanes(run.run_id))
-    errors = [lane["images_per_s_error"] for lane in lanes]
     worst = max(
         (lane for lane in lanes if lane["data_wait_frac"] is not None),
         key=lambda lane: lane["data_wait_frac"],
@@ -201,10 +197,10 @@ def point_of(store: Store, document: dict[str, Any], setting: int) -> SweepPoint
         data_wait_frac=None if worst is None else worst["data_wait_frac"],
         cpu_pct=sum(cpus) if cpus else None,
         run_id=document["run_id"],
-        images_per_s_error=None if None in errors else math.hypot(*errors),
+        images_per_s_error=images_per_s_error(lanes),
         blocks=min((lane["blocks"] for lane in lanes), default=0),
         data_wait_frac_error=None if worst is None else worst["data_wait_frac_error"],
-        host_busy=busy,
+        host_busy=any(f.host_busy for f in run_facts(store, document["run_id"])),
     )
 
 
@@ -469,7 +465,8 @@ def _search(points: _Points, grid: list[int], baseline: SweepPoint, reserve: int
     times."""
     higher = [v for v in grid if v > baseline.setting]
     fed = baseline.data_wait_frac is not None and baseline.data_wait_frac < WAIT_MODERATE
-    facts = _facts(points.session.store, baseline)
+    assert baseline.run_id is not None
+    facts = run_facts(points.session.store, baseline.run_id)
     if fed:
         points.skip(
             higher,
@@ -512,12 +509,6 @@ def _search(points: _Points, grid: list[int], baseline: SweepPoint, reserve: int
         tried = {item["setting"] for item in points.skipped} | set(points.measured)
         if middle in tried or points.measure(middle, reserve) is None:
             break
-
-
-def _facts(store: Store, point: SweepPoint) -> list[LaneFacts]:
-    assert point.run_id is not None
-    run = store.run(point.run_id)
-    return [lane_facts(store, run, lane) for lane in store.lanes(run.run_id)]
 
 
 def _dali_point(
@@ -740,8 +731,7 @@ def _epoch_recommendations(
         return []
     if epochs["epoch_start"]["share"] < EPOCH_START_SHARE:
         return []
-    run = store.run(epochs["run_id"])
-    facts = [lane_facts(store, run, lane) for lane in store.lanes(run.run_id)]
+    facts = run_facts(store, epochs["run_id"])
     assert baseline.run_id is not None
     stream = {
         lane["lane"]: lane["images_per_s"] for lane in run_document(store, baseline.run_id)["lanes"]

@@ -14,6 +14,7 @@ from rich.table import Table
 
 from probe.bench import BenchResult
 from probe.steady import plus_minus
+from probe.summary import images_per_s_error
 
 
 def live_table(lanes: Sequence[Any]) -> Table:
@@ -66,8 +67,6 @@ def run_table(document: dict[str, Any]) -> Table:
 def run_line(document: dict[str, Any]) -> str:
     """One run in a line: images/s with its error, the worst data-wait, what it took."""
     lanes = document["lanes"]
-    errors = [lane.get("images_per_s_error") for lane in lanes]
-    error = None if None in errors else sum(e * e for e in errors) ** 0.5
     waits = [x["data_wait_frac"] for x in lanes if x["data_wait_frac"] is not None]
     wait = f", data-wait {max(waits):.1%}" if waits else ""
     first = lanes[0] if lanes else {}
@@ -77,10 +76,8 @@ def run_line(document: dict[str, Any]) -> str:
         took = f"; {first['seconds']:.1f} s measured after {warmup:.1f} s of warm-up"
     if first.get("startup_s"):
         took += f" and {first['startup_s']:.1f} s to start the lane"
-    return (
-        f"{plus_minus(document['images_per_s'], error)} images/s{wait} ({document['status']}, run "
-        f"{document['run_id']}{took})"
-    )
+    rate = plus_minus(document["images_per_s"], images_per_s_error(lanes))
+    return f"{rate} images/s{wait} ({document['status']}, run {document['run_id']}{took})"
 
 
 def gpu_busy(lane: dict[str, Any]) -> str:
