@@ -15,12 +15,13 @@ from typing import Any
 
 import streamlit as st
 
-from pipelines import InputError
-from probe.diagnose import diagnose_run
-from probe.queries import latency_histogram, run_rows, run_series
-from probe.report import build_report, render
-from probe.store import Store, default_db_path
-from probe.summary import run_document
+from probe import InputError
+from probe.judge.diagnosis import diagnose_run
+from probe.present.listing import run_rows
+from probe.present.report import build_report, render
+from probe.store.db import Store, default_db_path
+from probe.store.documents import RunDocument, read_run
+from probe.store.series import latency_histogram, run_series
 
 logger = logging.getLogger(__name__)
 
@@ -69,9 +70,9 @@ def diagnosis(db: str, run_id: str, version: str) -> dict[str, Any]:
 
 
 @st.cache_data(max_entries=32, show_spinner=False)
-def document(db: str, run_id: str, version: str) -> dict[str, Any]:
+def document(db: str, run_id: str, version: str) -> RunDocument:
     with Store(db) as connection:
-        return run_document(connection, run_id)
+        return read_run(connection, run_id)
 
 
 @st.cache_data(max_entries=16, show_spinner=False)
@@ -84,7 +85,7 @@ def run_view(db: str, run_id: str, version: str) -> dict[str, Any]:
             return work(connection)
 
     parts = {
-        "document": lambda s: run_document(s, run_id),
+        "document": lambda s: read_run(s, run_id),
         "diagnosis": lambda s: diagnose_run(s, run_id).as_dict(),
         "series": lambda s: run_series(s, run_id),
         "histogram": lambda s: latency_histogram(s, run_id),

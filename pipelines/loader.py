@@ -187,3 +187,10 @@ def available_cpus() -> int:
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
+
+
+def use_device(device: int) -> None:
+    """Makes CUDA device `device` this thread's current one."""
+    import torch
+
+    torch.cuda.set_device(device)

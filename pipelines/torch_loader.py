@@ -35,7 +35,7 @@ from torch.utils.data import DataLoader, default_collate, get_worker_info
 
 from pipelines.dataset import Dataset
 from pipelines.errors import CorruptImageError, InputError
-from pipelines.loader import NOTHING_TO_READ, Batch, InputPipeline, ReadStart
+from pipelines.loader import NOTHING_TO_READ, Batch, InputPipeline, ReadStart, use_device
 from pipelines.spec import Augmentation, Backend, OutputDtype, PipelineSpec
 
 # One sample as a worker returns it: CHW uint8 pixels (None if undecodable), label, error.
@@ -53,12 +53,10 @@ class TorchPipeline(InputPipeline):
 
     def __init__(self, spec: PipelineSpec, dataset: Dataset) -> None:
         super().__init__(spec, dataset)
-        on_gpu = spec.device is not None
-        self._device = (
-            torch.device("cpu") if spec.device is None else torch.device("cuda", spec.device)
-        )
-        if on_gpu:
-            torch.cuda.set_device(self._device)  # the pin-memory thread pins for the current device
+        self._device = torch.device("cpu")
+        if spec.device is not None:
+            self._device = torch.device("cuda", spec.device)
+            use_device(spec.device)  # the pin-memory thread pins for the current device
         self._normalize = Normalizer(spec.augmentation, self._device)
         self._dataset = ShardDataset(self.shard.files, self.shard.labels, spec)
         self._loaders: dict[str, tuple[DataLoader[Any], _WorkerInit]] = {}  # built when used

@@ -3,6 +3,7 @@
 Imports `pipelines`; never `app`. `from probe import watch` records your own training loop.
 """
 
-from probe.watching import watch
+from pipelines import InputError
+from probe.measure.watch import watch
 
-__all__ = ["watch"]
+__all__ = ["InputError", "watch"]

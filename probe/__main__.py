@@ -1,6 +1,8 @@
 """`python -m probe`: the same as the `probe` command."""
 
-from probe.cli import main
+import sys
+
+from probe.present.cli import main
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

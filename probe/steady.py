@@ -19,7 +19,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from probe.store import BatchEvent
+from probe.records import BatchEvent
 
 MIN_BLOCKS = 10  # a figure is judged on at least this many blocks
 MAX_BLOCKS = 30  # more, longer blocks once there are enough batches: less correlated
@@ -84,13 +84,6 @@ def batch_seconds(event: BatchEvent) -> float:
     return event.wait_s + event.step_s
 
 
-def wait_share(wait_s: float, step_s: float) -> float | None:
-    """Data-wait: the share of batch time (wait plus step) spent waiting for batches; None
-    without any time. Every data-wait shown is this, of some batches' sums."""
-    seconds = wait_s + step_s
-    return wait_s / seconds if seconds > 0 else None
-
-
 def blocks(events: Sequence[BatchEvent], size: int) -> list[list[BatchEvent]]:
     """Consecutive blocks of at least `size` events, at most MAX_BLOCKS of them; a last short
     block is joined to the one before it. Where the events span MIN_BLOCKS epochs or more, the
@@ -147,7 +140,8 @@ def images_per_s(measured: Sequence[BatchEvent], loaders: int | None = None) -> 
 
 
 def data_wait(measured: Sequence[BatchEvent], loaders: int | None = None) -> Estimate:
-    """Data-wait (`wait_share` of all measured batches), with its error from the blocks'."""
+    """Data-wait (`probe.metrics.wait_share` of all measured batches), with its error from the
+    blocks'."""
     parts = blocks(measured, block_batches(loaders))
     return ratio([(sum(e.wait_s for e in b), sum(batch_seconds(e) for e in b)) for b in parts])
 

@@ -74,7 +74,7 @@ def filled_store(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         assert result.returncode == code, result.stderr
         return dict(json.loads(result.stdout))
 
-    out = {"db": db, "photos": photos}
+    out: dict[str, Any] = {"db": db, "photos": photos}
     out["doctor"] = probe("doctor", "--data", photos, "--budget", "45")
     out["two"] = probe("run", "--data", photos, "--num-shards", "2", "--batches", "6",
                        "--workers", "1", "--consumer", "sleep:15",

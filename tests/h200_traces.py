@@ -5,7 +5,8 @@ run's config and host, batches.csv its batch events, samples.csv its GPU samples
 CPU. The two `two_gpu_rn50_gpu{0,1}_w14` folders ran at the same time and become one run with two
 lanes. The DataLoader runs read epoch by epoch (the README says how): 32 batches per epoch, the
 first epoch start at measured batch 29, and so are their events' epochs. What the traces did not
-record (per-core CPU, per-process CPU, memory) stays unknown.
+record (per-core CPU, per-process CPU, memory) stays unknown. With `gpm=False` the GPM columns are
+left out, as a GPU without GPM (before Hopper) records them: busy-ness is then NVML's.
 
     python tests/h200_traces.py STORE.db
 """
@@ -18,9 +19,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from probe.samplers import GpuSample, HostSample
-from probe.store import BatchEvent, LaneRecord, RunRecord, RunStatus, Store
-from probe.summary import figures_from_store
+from probe.records import BatchEvent, GpuSample, HostSample, LaneRecord, RunRecord, RunStatus
+from probe.store.db import Store
+from probe.store.documents import figures_from_store
 
 TRACES = Path(__file__).parent / "data" / "h200-traces"
 TOGETHER = {"two_gpu_rn50": ["two_gpu_rn50_gpu0_w14", "two_gpu_rn50_gpu1_w14"]}
@@ -29,17 +30,29 @@ BATCHES_PER_EPOCH = 32  # 4096 images, batch 128, drop_last
 FIRST_EPOCH_START = 29  # the measured batch that opens the first epoch after the warm-up
 
 
-def convert(store: Store, traces: Path = TRACES) -> dict[str, str]:
+def convert(store: Store, traces: Path = TRACES, *, gpm: bool = True) -> dict[str, str]:
     """Writes every traced run into `store`; returns run ids by name (the folder's)."""
+    return {name: convert_run(store, name, traces, gpm=gpm) for name in names(traces)}
+
+
+def names(traces: Path = TRACES) -> list[str]:
+    """The traced runs' names: their folders', the two GPUs' run as one."""
     folders = sorted(p.name for p in traces.iterdir() if (p / "meta.json").exists())
-    grouped = {name: [name] for name in folders if not any(name in g for g in TOGETHER.values())}
-    grouped.update(TOGETHER)
-    return {
-        name: _convert_run(store, traces, name, parts) for name, parts in sorted(grouped.items())
-    }
+    alone = [name for name in folders if not any(name in g for g in TOGETHER.values())]
+    return sorted([*alone, *TOGETHER])
 
 
-def _convert_run(store: Store, traces: Path, name: str, parts: list[str]) -> str:
+def convert_run(
+    store: Store,
+    name: str,
+    traces: Path = TRACES,
+    *,
+    gpm: bool = True,
+    session_id: str | None = None,
+) -> str:
+    """Writes one traced run into `store` (in the sweep or doctor session `session_id`, if
+    given); returns its run id."""
+    parts = TOGETHER.get(name, [name])
     metas = [json.loads((traces / part / "meta.json").read_text()) for part in parts]
     meta = metas[0]
     run_id = f"trace-{name}"
@@ -90,6 +103,7 @@ def _convert_run(store: Store, traces: Path, name: str, parts: list[str]) -> str
         pid=None,
         started_ns=0,
         ended_ns=None,
+        session_id=session_id,
     )
     lanes = [
         LaneRecord(run_id, i, i, gpus[i]["uuid"], i, len(parts), HOST, None,
@@ -115,22 +129,23 @@ def _convert_run(store: Store, traces: Path, name: str, parts: list[str]) -> str
         store.add_batches(run_id, events)
         end_ns = max([end_ns] + [e.t_ns + int((e.wait_s + e.step_s) * 1e9) for e in events])
         samples = _rows(traces / part / "samples.csv")
-        store.add_gpu_samples(run_id, [_gpu_sample(row, gpus[lane]["uuid"]) for row in samples])
+        gpu = [_gpu_sample(row, gpus[lane]["uuid"], gpm) for row in samples]
+        store.add_gpu_samples(run_id, gpu)
         if lane == 0:  # one host: its CPU as the first lane's process saw it
             store.add_host_samples(run_id, HOST, [_host_sample(row) for row in samples])
-    for lane in store.lanes(run_id):
-        store.update_lane(run_id, lane.lane, summary=figures_from_store(store, run, lane))
+    for record in store.lanes(run_id):
+        store.update_lane(run_id, record.lane, summary=figures_from_store(store, run, record))
     store.finish_run(run_id, RunStatus.COMPLETED, None, end_ns)
     return run_id
 
 
-def _gpu_sample(row: dict[str, str], uuid: str) -> GpuSample:
+def _gpu_sample(row: dict[str, str], uuid: str, gpm: bool) -> GpuSample:
     return GpuSample(
         t_ns=_ns(row["t_s"]),
         gpu_uuid=uuid,
         kernel_active_pct=_float(row["nvml_gpu_util_pct"]),
-        sm_active_pct=_float(row["gpm_sm_util_pct"]),
-        sm_occupancy_pct=_float(row["gpm_sm_occupancy_pct"]),
+        sm_active_pct=_float(row["gpm_sm_util_pct"]) if gpm else None,
+        sm_occupancy_pct=_float(row["gpm_sm_occupancy_pct"]) if gpm else None,
         nvjpg_pct=_float(row["nvjpg_util_pct"]),
         nvjpg_gpm_pct=None,
         memory_used_mib=_float(row["gpu_mem_used_mib"]),

@@ -16,9 +16,10 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from pipelines.sample_data import SampleParams, make_sample_dataset
-from probe.queries import running_runs
-from probe.steady import plus_minus
-from probe.store import RunStatus, Store
+from probe.metrics import DATA_WAIT, IMAGES_PER_S
+from probe.present.listing import running_runs
+from probe.records import RunStatus
+from probe.store.db import Store
 
 APP = str(Path(__file__).resolve().parents[1] / "app" / "streamlit_app.py")
 
@@ -49,6 +50,8 @@ def app(
     monkeypatch: pytest.MonkeyPatch, db: Path, page: str | None = None, **params: str
 ) -> AppTest:
     monkeypatch.setenv("FEEDSCOPE_DB", str(db))
+    # the pages see no GPU on any machine: their probes run on the CPU, as the stores' were
+    monkeypatch.setattr("probe.measure.devices.cuda_devices", lambda: [])
     at = AppTest.from_file(APP, default_timeout=60)
     if page is not None:
         at.switch_page(f"views/{page}.py")
@@ -112,7 +115,7 @@ def test_an_empty_store_offers_one_button_and_every_page_says_what_to_do(
     assert "No sweep or doctor session yet" in texts(at.info)[0]
     at = app(monkeypatch, db, "launch")
     no_errors(at)
-    assert at.multiselect(key="launch-devices").value == ["CPU"]  # no GPU on this machine
+    assert at.multiselect(key="launch-devices").value == ["CPU"]  # no GPU seen: see app()
     assert [b.label for b in at.button] == ["Start"]
 
 
@@ -139,7 +142,7 @@ def test_the_first_probe_button_measures_the_sample_data(
 
 
 def _launch_ended(store: Store, launch_id: str) -> bool:
-    from probe import launch
+    from probe.present import launch
 
     return any(
         x.launch_id == launch_id and x.status is not RunStatus.RUNNING
@@ -190,8 +193,10 @@ def test_the_run_page_shows_lanes_on_one_time_axis_and_the_diagnosis(
     lanes = table(at, "shard")
     assert [row["shard"] for row in lanes] == ["0/2", "1/2"]
     for row, lane in zip(lanes, two["lanes"], strict=True):
-        assert row["batches"] == lane["batches"] == 6
-        assert row["data-wait"] == f"{lane['data_wait_frac']:.1%}"
+        assert row["batches"] == str(lane["batches"]) == "6"
+        assert row["data-wait"] == DATA_WAIT.cell(
+            lane["data_wait_frac"], lane["data_wait_frac_error"]
+        )
     # the diagnosis, with its evidence in measured numbers
     assert texts(at.subheader)[1] == "Diagnosis"
     shown = texts(at.error) + texts(at.warning) + texts(at.success)
@@ -225,7 +230,7 @@ def test_a_doctor_run_shows_the_sessions_ranked_recommendations(
     shown = table(at, "predicted images/s")
     assert [row["change"] for row in shown] == [r["setting"] for r in doctor["recommendations"]]
     top = doctor["recommendations"][0]
-    assert shown[0]["predicted images/s"] == plus_minus(
+    assert shown[0]["predicted images/s"] == IMAGES_PER_S.cell(
         top["predicted_images_per_s"], top["predicted_error"]
     )
     assert any(doctor["session_id"] in text for text in texts(at.markdown))
@@ -267,11 +272,13 @@ def test_compare_puts_dataloader_and_dali_runs_side_by_side(
     at = app(monkeypatch, filled["db"], "compare")
     at.multiselect(key="compare-runs").set_value([torch_run, dali_run]).run()
     no_errors(at)
-    rows = table(at, "busy metric")
+    rows = table(at, "GPU busy metric")
     assert [row["pipeline"] for row in rows] == ["torch", "dali"]
     (bars,) = charts(at)
     rates, waits = (values(bar["y"]) for bar in bars["data"][:2])
-    assert [round(rate) for rate in rates] == [row["images/s"] for row in rows]
+    assert [IMAGES_PER_S.cell(rate) for rate in rates] == [
+        row["images/s"].split(" ±")[0] for row in rows
+    ]
     assert [f"{wait:.1f}%" for wait in waits] == [row["data-wait"] for row in rows]
     assert [a["text"] for a in bars["layout"]["annotations"]][-1] == "not measured for these runs"
     line = next(text for text in texts(at.markdown) if "DataLoader against DALI" in text)

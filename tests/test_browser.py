@@ -23,7 +23,8 @@ import psutil
 import pytest
 
 from helpers import CHROMIUM_ARGS, chromium
-from probe.store import RunStatus, Store
+from probe.records import RunStatus
+from probe.store.db import Store
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / ".artifacts"

@@ -4,15 +4,22 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
 
 from helpers import solid, write_jpeg
+from probe.steady import MAX_MEASURE_S
+
+if TYPE_CHECKING:
+    from probe.measure.config import ProbeConfig
 
 TINY_RUN = [
     "--batch-size",
@@ -201,3 +208,121 @@ def test_the_console_script_and_help() -> None:
     for command in ("bench", "data"):
         assert command in result.stdout
     assert_one_line_error(probe("frobnicate"), "No such command")
+
+
+# --- in-process: exit codes, and the flags written back out ----------------------------------
+
+
+def test_main_returns_the_exit_code_of_bad_usage(capsys: pytest.CaptureFixture[str]) -> None:
+    from probe.present.cli import main
+
+    assert main(["run", "--no-such-flag"]) == 2  # click's usage error, no SystemExit
+    assert main(["bench", "--gpu", "first"]) == 2  # an InputError from the command
+    usage, bad_input = capsys.readouterr().err.splitlines()
+    assert usage.startswith("error: No such option") and "--no-such-flag" in usage
+    assert bad_input == "error: --gpu takes a CUDA device index or 'none' (got 'first')"
+    assert main(["--help"]) == 0
+
+
+def test_exit_codes_follow_the_status() -> None:
+    from probe.present.measuring import exit_code
+
+    assert [exit_code(s) for s in ("completed", "failed", "interrupted")] == [0, 1, 130]
+
+
+def test_the_flag_table_offers_what_the_probe_takes() -> None:
+    from probe.measure.lane import Read
+    from probe.present.options import READS
+
+    assert tuple(r.value for r in Read) == READS  # written out: the CLI loads without torch
+
+
+def parsed(monkeypatch: pytest.MonkeyPatch, words: list[str]) -> ProbeConfig:
+    """The configuration `probe run ...` describes, as the CLI's own parser reads `words`."""
+    from probe.present import measuring, options
+    from probe.present.cli import main
+
+    seen: list[ProbeConfig] = []
+
+    def run(pipeline: Any, lanes: Any, as_json: bool, db: Any, backend: Any, batches: Any,
+            duration: Any, label: Any, no_gather: bool) -> int:  # fmt: skip
+        seen.append(options.probe_config(pipeline, lanes, backend, batches, duration, label))
+        return 0
+
+    monkeypatch.setattr(measuring, "run", run)
+    assert words[:2] == ["probe", "run"]
+    assert main(words[1:]) == 0
+    return seen[0]
+
+
+def stored(config: ProbeConfig) -> dict[str, Any]:
+    """`config` as a run's record holds it."""
+    from probe.measure.config import Checked, config_dict
+
+    return config_dict(config, Checked(2, {plan.lane: 40 for plan in config.lanes}))
+
+
+def reproduced(config: ProbeConfig) -> list[str]:
+    from probe.present.options import reproduce_command
+
+    command = reproduce_command({"kind": "probe", "config": stored(config)})
+    assert command is not None
+    return shlex.split(command)
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--gpus", "none", "--num-shards", "2", "--batch-size", "8", "--image-size", "64",
+         "--workers", "3", "--dtype", "uint8", "--no-persistent-workers", "--start-method",
+         "spawn", "--skip-corrupt", "--consumer", "sleep:5", "--read", "epochs", "--warmup",
+         "4", "--duration", "7.5", "--sample-hz", "2.5"],
+        ["--pipeline", "dali", "--gpus", "none", "--threads", "2", "--decoder", "cpu",
+         "--precision", "2.5%", "--warmup", "auto", "--consumer", "none"],
+        ["--gpus", "0,1", "--batches", "20", "--consumer", "sleep:12.5"],
+        ["--pipeline", "dali", "--precision", "0.05"],  # every visible GPU
+    ],
+)  # fmt: skip
+def test_the_reproduced_command_parses_to_the_same_config(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, flags: list[str]
+) -> None:
+    from probe.measure import devices
+
+    gpus = [devices.CudaDevice(i, f"GPU-{i}", "NVIDIA H200", 143771.0) for i in range(2)]
+    monkeypatch.setattr(devices, "cuda_devices", lambda: gpus)
+    config = parsed(monkeypatch, ["probe", "run", "--data", str(tmp_path), *flags])
+    words = reproduced(config)
+    assert parsed(monkeypatch, words) == config
+    assert reproduced(parsed(monkeypatch, words)) == words
+
+
+def test_the_reproduced_command_has_no_float_noise_nor_a_session_cap(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    config = parsed(monkeypatch, ["probe", "run", "--data", str(tmp_path), "--gpus", "none"])
+    point = replace(config, max_s=7.233161)  # a session point: measured until precise, capped
+    words = reproduced(point)
+    assert "7.23" not in " ".join(words) and "--duration" not in words
+    assert stored(parsed(monkeypatch, words)) == {**stored(point), "max_s": MAX_MEASURE_S}
+    timed = reproduced(replace(config, duration_s=7.233161, precision=None))
+    assert timed[timed.index("--duration") + 1] == "7.23"
+    assert "--precision" not in timed
+
+
+def test_a_launch_form_writes_the_flags_its_check_reads(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from probe.present import options
+    from probe.present.launch import LaunchForm, check
+
+    form = LaunchForm(num_shards=2, data_dir=str(tmp_path), batch_size=8, workers=2, threads=3,
+                      consumer="sleep:5", duration_s=2.5, label="from the page")  # fmt: skip
+    argv = form.argv()
+    assert argv[:4] == ["run", "--pipeline", "torch", "--data"]
+    assert argv[argv.index("--duration") + 1] == "2.5"
+    assert parsed(monkeypatch, ["probe", *argv]) == options.config_of("run", form.values())
+    doctor = LaunchForm(command="doctor", consumer="sleep:30", budget_s=3.0)
+    assert "--pipeline" not in doctor.argv() and "--duration" not in doctor.argv()
+    (problem,) = check(doctor)
+    assert problem.startswith("--budget 3 s cannot fit one trustworthy point")
+    assert check(replace(form, consumer="sleep:soon", batch_size=0)) != []

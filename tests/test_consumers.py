@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pipelines import Batch, InputError
-from probe.consumers import ConsumerKind, build_consumer, parse_consumer
+from probe.measure.consumers import ConsumerKind, build_consumer, parse_consumer
 
 
 @pytest.mark.parametrize(

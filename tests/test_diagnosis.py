@@ -15,36 +15,65 @@ import pytest
 
 from pipelines import Backend, DaliOptions, DataLoaderOptions, InputError, PipelineSpec
 from pipelines.sample_data import SampleParams, make_sample_dataset
-from probe.consumers import parse_consumer
-from probe.diagnose import (
-    LaneFacts,
-    Severity,
-    SweepPoint,
-    VerdictKind,
-    analyze_sweep,
-    diagnose_run,
-    judge_lane,
-    judge_run,
-    ladder,
-    past_the_peak,
+from probe.judge.changes import (
+    MEASURE_AGAIN,
+    NO_CHANGE,
+    STORAGE,
+    Change,
+    Knob,
+    Recommendation,
+    to_dali,
+    workers,
 )
-from probe.runner import ProbeConfig, plan_lanes, run_probe
-from probe.store import RunStatus, Store
-from probe.sweep import POINT_GUESS_S, Budget, check_budget
+from probe.judge.diagnosis import diagnose_run, judge_run
+from probe.judge.facts import HostLoad, LaneFacts
+from probe.judge.knee import SweepPoint, analyze_sweep, ladder, past_the_peak
+from probe.judge.results import (
+    DaliRun,
+    EpochsRun,
+    Session,
+    SessionKind,
+    Skipped,
+    Verification,
+    session_of,
+)
+from probe.judge.session import POINT_GUESS_S, Budget, check_budget, with_change
+from probe.judge.thresholds import Severity
+from probe.judge.verdicts import Verdict, VerdictKind, judge_lane
+from probe.measure.config import ProbeConfig, plan_lanes
+from probe.measure.consumers import parse_consumer
+from probe.measure.runner import run_probe
+from probe.metrics import EpochStartCost, LaneFigures
+from probe.records import RunStatus
+from probe.store.db import Store
 
 STARVED_LANE = LaneFacts(
     lane=0, status="completed", backend="torch", consumer="model:resnet50", batch_size=128,
-    batches=100, images_per_s=1500.0, data_wait_frac=0.40, step_ms_p50=30.0, step_ms_mean=31.0,
-    num_workers=4, pin_memory=True, output_dtype="uint8", num_threads=None, decoder=None,
-    on_gpu=True, hostname="node0", host_cpus=32, lanes_on_host=1, host_cpu_pct=15.0, iowait_pct=0.0,
-    steal_pct=0.0, disk_read_mib_s=0.0, lane_cpu_pct=400.0, main_thread_cpu_pct=30.0,
-    sm_active_pct=25.0, sm_active_source="gpm", kernel_active_pct=35.0, nvjpg_pct=0.0,
-    memory_used_mib=8000.0,
+    figures=LaneFigures(
+        batches=100, images_per_s=1500.0, data_wait_frac=0.40, step_ms_p50=30.0,
+        sm_active_pct=25.0, sm_active_source="gpm", kernel_active_pct=35.0, nvjpg_pct=0.0,
+        memory_used_mib=8000.0, cpu_pct=400.0, main_thread_cpu_pct=30.0,
+    ),
+    hostname="node0", host_cpus=32, lanes_on_host=1, on_gpu=True, num_workers=4,
+    pin_memory=True, output_dtype="uint8",
+    host=HostLoad(cpu_pct=15.0, iowait_pct=0.0, steal_pct=0.0, disk_read_mib_s=0.0),
+    step_ms_mean=31.0,
 )  # fmt: skip
 
 
+def lane(base: LaneFacts = STARVED_LANE, **changes: Any) -> LaneFacts:
+    """`base` with some fields changed, its figures' (first: `cpu_pct` is the lane's) and its
+    host's included."""
+    figures = {k: changes.pop(k) for k in list(changes) if hasattr(base.figures, k)}
+    host = changes.pop("host", base.host)
+    loads = {k: changes.pop(k) for k in list(changes) if hasattr(host, k)}
+    return replace(
+        base, figures=replace(base.figures, **figures), host=replace(host, **loads), **changes
+    )
+
+
 def kind_of(**changes: Any) -> VerdictKind:
-    return judge_lane(replace(STARVED_LANE, **changes)).kind
+    return judge_lane(lane(**changes)).kind
 
 
 @pytest.mark.parametrize(
@@ -59,7 +88,7 @@ def kind_of(**changes: Any) -> VerdictKind:
 def test_severity_follows_the_20_and_5_percent_anchors(
     wait: float, severity: Severity, kind: VerdictKind
 ) -> None:
-    verdict = judge_lane(replace(STARVED_LANE, data_wait_frac=wait))
+    verdict = judge_lane(lane(data_wait_frac=wait))
     assert (verdict.severity, verdict.kind) == (severity, kind)
 
 
@@ -67,11 +96,13 @@ def test_severity_follows_the_20_and_5_percent_anchors(
     ("changes", "kind"),
     [
         ({}, VerdictKind.STARVED_CPU_HEADROOM),
-        ({"host_cpu_pct": 95.0}, VerdictKind.STARVED_CPU_SATURATED),
-        ({"lane_cpu_pct": 3000.0}, VerdictKind.STARVED_CPU_SATURATED),
-        ({"num_workers": 32, "host_cpu_pct": 40.0}, VerdictKind.STARVED_LOADER_LIMIT),
+        ({"host": HostLoad(cpu_pct=95.0)}, VerdictKind.STARVED_CPU_SATURATED),
+        ({"cpu_pct": 3000.0}, VerdictKind.STARVED_CPU_SATURATED),
+        ({"num_workers": 32, "host": HostLoad(cpu_pct=40.0)}, VerdictKind.STARVED_LOADER_LIMIT),
         ({"main_thread_cpu_pct": 99.0}, VerdictKind.MAIN_PROCESS_BOUND),
         ({"iowait_pct": 25.0, "disk_read_mib_s": 900.0}, VerdictKind.IO_BOUND),
+        ({"host": HostLoad(cpu_pct=40.0, other_cores=8.0, machine_cores=32)},
+         VerdictKind.HOST_BUSY),
         (
             {"backend": "dali", "num_workers": None, "num_threads": 4, "decoder": "mixed",
              "nvjpg_pct": 97.0},
@@ -79,7 +110,7 @@ def test_severity_follows_the_20_and_5_percent_anchors(
         ),
         (
             {"backend": "dali", "num_workers": None, "num_threads": 4, "decoder": "cpu",
-             "lane_cpu_pct": 395.0},
+             "cpu_pct": 395.0},
             VerdictKind.DALI_THREADS_SATURATED,
         ),
         ({"consumer": "none", "data_wait_frac": 1.0}, VerdictKind.PIPELINE_ONLY),
@@ -91,39 +122,45 @@ def test_each_cause_has_its_rule(changes: dict[str, Any], kind: VerdictKind) -> 
 
 
 def test_evidence_names_the_metrics_and_their_numbers() -> None:
-    verdict = judge_lane(replace(STARVED_LANE, main_thread_cpu_pct=99.0, pin_memory=False,
-                                 output_dtype="float32"))  # fmt: skip
+    verdict = judge_lane(lane(main_thread_cpu_pct=99.0, pin_memory=False, output_dtype="float32"))
     by_metric = {item.metric: item for item in verdict.evidence}
     assert by_metric["data_wait_frac"].text == "data-wait 40.0% of wall time (>= 20%: high)"
     assert by_metric["sm_active_pct"].text == "SM activity 25% (GPM)"
-    assert "kernel-active 35% (NVML" in by_metric["kernel_active_pct"].text
+    assert by_metric["kernel_active_pct"].text == (
+        "kernel-active 35% (NVML utilization.gpu, overstates)"
+    )
+    assert by_metric["cpu_pct"].text == (
+        "the lane's processes use 4.0 cores (4 workers; 32 cores per GPU)"
+    )
+    assert by_metric["main_thread_cpu_pct"].text == "training loop thread 99% busy"
     assert by_metric["main_thread_cpu_pct"].value == 99.0
     assert "pin_memory is off" in by_metric["pin_memory"].text
     assert "float32" in by_metric["output_dtype"].text
 
 
 def test_a_stalling_step_is_shown() -> None:
-    verdict = judge_lane(replace(STARVED_LANE, step_ms_p50=30.0, step_ms_mean=77.0))
+    verdict = judge_lane(lane(step_ms_p50=30.0, step_ms_mean=77.0))
     assert any(e.metric == "step_ms_mean" and "steps stall" in e.text for e in verdict.evidence)
 
 
 def test_recommendations_follow_the_verdict() -> None:
-    def first(**changes: Any) -> str:
-        facts = replace(STARVED_LANE, **changes)
-        return judge_run("r", RunStatus.COMPLETED, [facts]).recommendations[0].setting
+    def first(**changes: Any) -> Recommendation:
+        return judge_run("r", RunStatus.COMPLETED, [lane(**changes)]).recommendations[0]
 
-    assert first() == "num_workers=12"  # 375 images/s per worker; the consumer takes 4,267
-    assert first(data_wait_frac=0.01) == "no change"
-    saturated = judge_run("r", RunStatus.COMPLETED, [replace(STARVED_LANE, host_cpu_pct=95.0,
-                                                             pin_memory=False)])  # fmt: skip
-    settings = [r.setting for r in saturated.recommendations]
-    assert settings[0].startswith("DALI decoder=mixed")
-    assert "pin_memory=True" in settings
+    assert first().change == workers(12)  # 375 images/s per worker; the consumer takes 4,267
+    assert first().setting == "num_workers=12"
+    assert first(data_wait_frac=0.01).change == NO_CHANGE
+    assert first(iowait_pct=25.0).change == STORAGE
+    assert first(host=HostLoad(steal_pct=20.0)).change == MEASURE_AGAIN
+    saturated = judge_run("r", RunStatus.COMPLETED, [lane(cpu_pct=3000.0, pin_memory=False)])
+    changes = [r.change for r in saturated.recommendations]
+    assert changes[0] == to_dali("mixed", 8)
+    assert Change(Knob.PIN_MEMORY, True) in changes
 
 
 def test_lanes_far_apart_are_imbalanced_and_starved_lanes_on_a_full_host_share_cores() -> None:
-    fast = replace(STARVED_LANE, lanes_on_host=2, host_cpu_pct=96.0, images_per_s=2000.0)
-    slow = replace(fast, lane=1, images_per_s=1200.0, data_wait_frac=0.55)
+    fast = lane(lanes_on_host=2, host=HostLoad(cpu_pct=96.0), images_per_s=2000.0)
+    slow = lane(fast, lane=1, images_per_s=1200.0, data_wait_frac=0.55)
     diagnosis = judge_run("r", RunStatus.COMPLETED, [fast, slow])
     kinds = [v.kind for v in diagnosis.findings]
     assert kinds == [VerdictKind.SHARD_IMBALANCE, VerdictKind.SHARED_CORES]
@@ -157,6 +194,175 @@ def test_the_worker_ladder_goes_one_step_past_the_cores(cores: int, expected: li
     assert ladder(cores) == expected
 
 
+@pytest.mark.parametrize(
+    ("change", "setting"),
+    [
+        (workers(12), "num_workers=12"),
+        (Change(Knob.NUM_THREADS, 8), "DALI num_threads=8"),
+        (to_dali("mixed", 8), "DALI decoder=mixed num_threads=8"),
+        (Change(Knob.PERSISTENT_WORKERS, True), "persistent_workers=True"),
+        (Change(Knob.SAMPLER, "endless"), "sampler=endless"),
+        (Change(Knob.EPOCH_LENGTH, 4), "epoch_length=4x"),
+        (Change(Knob.PIN_MEMORY, True), "pin_memory=True"),
+        (Change(Knob.OUTPUT_DTYPE, "uint8"), "output_dtype=uint8"),
+        (Change(Knob.HW_DECODER_LOAD, 0.5), "DALI hw_decoder_load=0.5"),
+        (NO_CHANGE, "no change"),
+        (MEASURE_AGAIN, "measure again"),
+        (STORAGE, "storage"),
+    ],
+)
+def test_a_change_writes_its_setting_and_reads_back(change: Change, setting: str) -> None:
+    assert change.setting == setting
+    assert Change.from_json(json.loads(json.dumps(change.to_json()))) == change
+
+
+def test_a_recommendation_keeps_its_setting_in_json_and_adds_its_change() -> None:
+    item = Recommendation("move decoding to DALI", to_dali("mixed", 8), 4000.0, "measured",
+                          notes=("frees 3.0 CPU cores",), predicted_error=40.0)  # fmt: skip
+    document = item.to_json()
+    assert list(document) == [
+        "action", "setting", "predicted_images_per_s", "basis", "measured_images_per_s",
+        "notes", "predicted_error", "change",
+    ]  # fmt: skip
+    assert document["setting"] == "DALI decoder=mixed num_threads=8"
+    assert document["change"] == {
+        "knob": "pipeline", "value": {"decoder": "mixed", "num_threads": 8}
+    }  # fmt: skip
+    assert Recommendation.from_json(json.loads(json.dumps(document))) == item
+
+
+POINTS = (
+    SweepPoint(1, 500.0, 0.6, 90.0, "r1", 10.0, data_wait_frac_error=0.01),
+    SweepPoint(2, 980.0, 0.2, 180.0, "r2", 12.0, data_wait_frac_error=0.01, host_busy=True),
+)
+POINT_KEYS = ["images_per_s", "images_per_s_error", "data_wait_frac", "data_wait_frac_error",
+              "cpu_pct", "host_busy", "run_id"]  # fmt: skip
+HEAD: dict[str, Any] = {
+    "session_id": "s", "status": RunStatus.COMPLETED, "reason": None, "created": "now",
+    "consumer": "sleep:30", "budget_s": 60.0, "elapsed_s": 50.0,
+}  # fmt: skip
+
+
+def test_a_sweep_session_is_its_document_and_back() -> None:
+    session = Session(
+        kind=SessionKind.SWEEP, **HEAD, knob="num_threads", points=POINTS, best=POINTS[1],
+        knee=POINTS[1], skipped=(Skipped(4, "past the peak"),), run_ids=("r1", "r2"),
+        precision=0.03, startup_s=3.0, pipeline="dali", read="stream",
+    )  # fmt: skip
+    document = json.loads(json.dumps(session.to_json()))
+    assert list(document) == [
+        "schema", "session_id", "status", "reason", "created", "pipeline", "consumer", "read",
+        "precision", "budget_s", "elapsed_s", "startup_s", "consumer_alone", "knob", "points",
+        "best", "knee", "oversubscribed", "skipped", "host_busy", "run_ids",
+    ]  # fmt: skip
+    assert document["schema"] == "feedscope.sweep/1"
+    assert list(document["points"][0]) == ["num_threads", *POINT_KEYS]
+    assert document["host_busy"] == [2]
+    assert document["skipped"] == [{"setting": 4, "reason": "past the peak"}]
+    again = session_of(document)
+    assert again == session
+    assert again.points == POINTS
+
+
+def test_a_doctor_session_is_its_document_and_back() -> None:
+    verdict = Verdict(VerdictKind.STARVED_CPU_HEADROOM, Severity.HIGH, 0.2, ())
+    top = Recommendation("raise", workers(2), 980.0, "measured in the sweep, run r2",
+                         measured_images_per_s=990.0, predicted_error=12.0)  # fmt: skip
+    start = EpochStartCost(3, 12.0, 2, 150.0, 0.08, 1100.0)
+    session = Session(
+        kind=SessionKind.DOCTOR, **HEAD, points=POINTS, best=POINTS[1], knee=POINTS[1],
+        run_ids=("r1", "r2", "r3", "r4", "r5"), precision=0.03, startup_s=3.0,
+        consumer_alone={"images_per_s": 4000.0}, consumer_note=None, lanes=1,
+        devices=("cpu",), verdict=verdict, verdict_run_id="r1", recommendations=(top,),
+        dali=DaliRun("cpu", 2, 700.0, 9.0, "r3", 0.4, advice="DALI measured 700 ± 9"),
+        epochs=EpochsRun(1, 12, True, 500.0, None, "r4", 460.0, 8.0, 0.08, start),
+        verify=Verification(workers(2), 980.0, 12.0, 990.0, 11.0, True, False, "r5"),
+    )  # fmt: skip
+    document = json.loads(json.dumps(session.to_json()))
+    assert list(document) == [
+        "schema", "session_id", "status", "reason", "created", "consumer", "consumer_note",
+        "lanes", "devices", "precision", "budget_s", "elapsed_s", "startup_s", "consumer_alone",
+        "verdict", "recommendations", "sweep", "knee", "oversubscribed", "skipped",
+        "host_busy", "dali", "epochs", "verify", "run_ids",
+    ]  # fmt: skip
+    assert document["schema"] == "feedscope.doctor/1"
+    assert list(document["sweep"][0]) == ["num_workers", *POINT_KEYS]
+    assert list(document["verdict"]) == [
+        "kind", "severity", "data_wait_frac", "evidence", "lane", "partial", "reliable", "title",
+        "run_id",
+    ]  # fmt: skip
+    assert list(document["dali"]) == [
+        "images_per_s", "images_per_s_error", "setting", "run_id", "data_wait_frac",
+        "host_busy", "reason", "advice",
+    ]  # fmt: skip
+    assert document["dali"]["setting"] == "DALI decoder=cpu num_threads=2"
+    assert list(document["epochs"]) == [
+        "setting", "batches_per_epoch", "persistent_workers", "run_id", "images_per_s",
+        "images_per_s_error", "stream_images_per_s", "cost_frac", "epoch_start", "reason",
+    ]  # fmt: skip
+    assert list(document["verify"]) == [
+        "setting", "predicted_images_per_s", "predicted_images_per_s_error",
+        "measured_images_per_s", "measured_images_per_s_error", "error_frac", "agrees",
+        "host_busy", "run_id",
+    ]  # fmt: skip
+    assert document["verify"]["setting"] == "num_workers=2"
+    again = session_of(document)
+    assert again == session
+    assert again.points == POINTS  # under "sweep" in a doctor's document, "points" in a sweep's
+    assert again.to_json() == document
+
+
+def test_a_doctor_with_nothing_to_answer_on_is_its_document_and_back() -> None:
+    session = Session(
+        kind=SessionKind.DOCTOR, **{**HEAD, "status": RunStatus.FAILED},
+        skipped=(Skipped(2, "the run failed: no batch"),), run_ids=("r1",),
+    )  # fmt: skip
+    document = json.loads(json.dumps(session.to_json()))
+    assert list(document) == [
+        "schema", "session_id", "status", "reason", "created", "consumer", "verdict",
+        "recommendations", "sweep", "knee", "skipped", "dali", "epochs", "verify", "budget_s",
+        "elapsed_s", "run_ids",
+    ]  # fmt: skip
+    again = session_of(document)
+    assert (again.verdict, again.points, again.answered) == (None, (), False)
+    assert again.to_json() == document
+
+
+def test_a_session_runs_the_changes_it_can() -> None:
+    config = ProbeConfig(
+        backend=Backend.TORCH, spec=PipelineSpec(Path(".")), lanes=plan_lanes(None, 1),
+        consumer=parse_consumer("sleep:30"),
+    )  # fmt: skip
+    more = with_change(config, workers(3))
+    assert more is not None
+    assert (more.backend, more.spec.dataloader.num_workers) == (Backend.TORCH, 3)
+    dali = with_change(config, to_dali("cpu", 2))  # on the CPU, DALI decodes there anyway
+    assert dali is not None
+    assert (dali.backend, dali.spec.dali.num_threads, dali.spec.dali.decoder) == (
+        Backend.DALI, 2, None,
+    )  # fmt: skip
+    with pytest.raises(InputError, match="'mixed' needs a GPU"):  # what the change says
+        with_change(config, to_dali("mixed", 2))
+    assert with_change(config, Change(Knob.SAMPLER, "endless")) is None
+
+
+def test_epoch_starts_get_their_fixes_each_predicted() -> None:
+    start = EpochStartCost(starts=4, batches_per_epoch=6.0, opening_batches=6, stall_ms=400.0,
+                           share=0.3, steady_images_per_s=2000.0, loader_start_ms=300.0,
+                           refill_ms=100.0)  # fmt: skip
+    stalled = lane(num_workers=8, persistent_workers=False, epoch_start=start,
+                   data_wait_frac=0.35)  # fmt: skip
+    diagnosis = judge_run("r", RunStatus.COMPLETED, [stalled])
+    assert diagnosis.verdict.kind is VerdictKind.EPOCH_START_STALL
+    by_knob = {r.change.knob: r for r in diagnosis.recommendations}
+    assert by_knob[Knob.SAMPLER].predicted_images_per_s == pytest.approx(2000.0)
+    assert by_knob[Knob.PERSISTENT_WORKERS].setting == "persistent_workers=True"
+    assert by_knob[Knob.NUM_WORKERS].setting == "num_workers=6"  # 6 batches an epoch
+    rates = [r.predicted_images_per_s or 0.0 for r in diagnosis.recommendations]
+    assert rates == sorted(rates, reverse=True)
+    assert all(1500.0 < rate <= 2000.0 for rate in rates)
+
+
 def test_the_budget_drops_points_it_cannot_fit_and_refuses_too_little() -> None:
     budget = Budget(60.0)
     assert budget.point_cost() == POINT_GUESS_S  # before any point was timed
@@ -167,7 +373,7 @@ def test_the_budget_drops_points_it_cannot_fit_and_refuses_too_little() -> None:
     assert budget.fits(reserve=1)
     assert not budget.fits(reserve=2)  # three points of 25 s do not fit in 60
     config = ProbeConfig(
-        backend=Backend.TORCH, spec=PipelineSpec("."), lanes=plan_lanes(None, 1),
+        backend=Backend.TORCH, spec=PipelineSpec(Path(".")), lanes=plan_lanes(None, 1),
         consumer=parse_consumer("sleep:30"),
     )  # fmt: skip
     check_budget(15.0, 1, config, "a diagnosis")

@@ -13,8 +13,10 @@ from typing import Any
 from helpers import probe_cli
 from pipelines import discover
 from pipelines.dataset import read_order, shard
-from probe.store import RunExport, Store
-from probe.summary import run_document
+from probe.records import RunExport
+from probe.store.db import Store
+from probe.store.documents import run_document
+from probe.store.merge import export_run, import_run
 
 
 def test_torchrun_gives_one_run_with_a_lane_per_rank_on_disjoint_shards(
@@ -57,7 +59,7 @@ def test_merge_joins_the_lanes_each_node_recorded(
     monotonic clocks differ by an hour, joins back into the run it was."""
     run_id = filled_store["two"]["run_id"]
     with Store(filled_store["db"]) as store:
-        whole = store.export_run(run_id)
+        whole = export_run(store, run_id)
     hour = 3600 * 10**9
     for lane, name in ((0, "node-a"), (1, "node-b")):
         shift = 0 if lane == 0 else hour
@@ -74,7 +76,7 @@ def test_merge_joins_the_lanes_each_node_recorded(
             [],
         )  # fmt: skip
         with Store(tmp_path / f"{name}.db") as node:
-            node.import_run(part)
+            import_run(node, part)
     with Store(tmp_path / "node-a.db") as node:
         alone = node.run(run_id)
     assert "1 of 2 lanes recorded here (missing: 1" in str(alone.reason)

@@ -44,6 +44,15 @@ def test_every_documented_command_exists() -> None:
         assert result.returncode == 0, (command, result.stderr)
 
 
+def test_every_measuring_flag_is_documented() -> None:
+    from probe.present.options import FLAGS
+
+    section = README.split("## Commands")[1].split("\n## ")[0]
+    assert {flag.name for flag in FLAGS if flag.name not in section} == set()
+    switches = [flag.off for flag in FLAGS if flag.type is bool and flag.default]
+    assert [name for name in switches if name not in section] == []
+
+
 def test_documented_bench_json_keys_are_the_real_ones(tmp_path: Path) -> None:
     example = re.search(r'```json\n(\{"schema": "feedscope.bench/1".*?)```', README, re.DOTALL)
     assert example is not None

@@ -9,7 +9,7 @@ import time
 import psutil
 import pytest
 
-from probe.samplers.host import HostSampler, host_facts
+from probe.measure.samplers.host import HostSampler, host_facts
 
 BURN = "import time\nend = time.time() + 30\nwhile time.time() < end: pass\n"
 # a process that burns one core itself and starts a child that burns another

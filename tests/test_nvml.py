@@ -15,7 +15,7 @@ from typing import Any
 import pynvml
 import pytest
 
-from probe.samplers.nvml import GpuSampler, Nvml
+from probe.measure.samplers.nvml import GpuSampler, Nvml
 
 SECOND = 1_000_000_000
 GPM_VALUES = {2: 48.2, 3: 27.2, 20: 95.0, 21: 1900.0, **{40 + e: 40.0 + e for e in range(7)}}

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from pipelines.sample_data import SampleParams, make_sample_dataset
-from probe.devices import cuda_devices
+from probe.measure.devices import cuda_devices
 
 pytestmark = pytest.mark.gpu
 
@@ -91,9 +91,10 @@ def test_watch_finds_a_ddp_resnet50_loop_fed_by_4_dataloader_workers_per_gpu_sta
     quarter of that). With 16 workers per GPU on a 32-core host it was fed."""
     pytest.importorskip("torchvision")
     from pipelines.sample_data import ensure_default_dataset
-    from probe.diagnose import STARVED, diagnose_run
-    from probe.store import Store
-    from probe.summary import run_document
+    from probe.judge.diagnosis import diagnose_run
+    from probe.judge.verdicts import STARVED
+    from probe.store.db import Store
+    from probe.store.documents import run_document
 
     db = tmp_path / "watch.db"
     script = Path(__file__).with_name("watch_resnet50.py")

@@ -21,9 +21,11 @@ import pytest
 
 from pipelines import Backend, DaliOptions, DataLoaderOptions, PipelineSpec
 from pipelines.sample_data import SampleParams, make_sample_dataset
-from probe.consumers import parse_consumer
-from probe.runner import ProbeConfig, plan_lanes, run_probe
-from probe.store import RunStatus, Store
+from probe.measure.config import ProbeConfig, plan_lanes
+from probe.measure.consumers import parse_consumer
+from probe.measure.runner import run_probe
+from probe.records import RunStatus
+from probe.store.db import Store
 
 SMALL = [
     "--batch-size", "8", "--image-size", "64", "--warmup", "2", "--batches", "4",
@@ -36,9 +38,12 @@ LANE_KEYS = {
 
 
 def probe(*args: Any, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """`python -m probe ARGS` with CUDA's devices hidden: a machine without GPUs, on any machine
+    (what the host records and what a refused `--gpus` lists are then the same everywhere)."""
     return subprocess.run(
         [sys.executable, "-m", "probe", *map(str, args)],
         capture_output=True, text=True, timeout=timeout, check=False,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
     )  # fmt: skip
 
 

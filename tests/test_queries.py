@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from probe.queries import latency_histogram, run_series
-from probe.samplers import GpuSample
-from probe.store import BatchEvent, LaneRecord, RunRecord, RunStatus, Store
+from probe.records import BatchEvent, GpuSample, LaneRecord, RunRecord, RunStatus
+from probe.store.db import Store
+from probe.store.series import latency_histogram, run_series
 
 
 def test_an_hour_downsampled_keeps_a_single_sample_dip_and_spike(tmp_path: Path) -> None:

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from helpers import CHROMIUM_ARGS, HOSTILE_FOLDER, HOSTILE_LABEL, chromium, probe_cli
-from probe.report import REPORT_SCHEMA
-from probe.steady import plus_minus
+from probe.metrics import IMAGES_PER_S
+from probe.present.report import REPORT_SCHEMA
 
 CHROMIUM, MISSING = chromium()
 
@@ -52,7 +52,7 @@ def test_the_markdown_summary_of_a_doctor_session_fits_a_pr_comment(
     assert text.startswith(f"### feedscope: doctor session {doctor['session_id']}\n")
     top = doctor["recommendations"][0]
     assert f"**Top recommendation**: `{top['setting']}`" in text
-    shown = plus_minus(top["predicted_images_per_s"], top["predicted_error"])
+    shown = IMAGES_PER_S.cell(top["predicted_images_per_s"], top["predicted_error"])
     assert f"predicted {shown} images/s" in text
     runs = re.findall(r"^\| `(\S+)` \|", text, re.MULTILINE)
     assert runs == doctor["run_ids"]

@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from probe.records import BatchEvent
 from probe.steady import (
     MIN_BLOCKS,
     Estimate,
@@ -19,7 +20,6 @@ from probe.steady import (
     images_per_s,
     ratio,
 )
-from probe.store import BatchEvent
 
 
 def events(

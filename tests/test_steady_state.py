@@ -18,8 +18,8 @@ import pytest
 
 from helpers import probe_cli
 from pipelines.sample_data import SampleParams, make_sample_dataset
-from probe.diagnose import VerdictKind
-from probe.store import Store
+from probe.judge.verdicts import VerdictKind
+from probe.store.db import Store
 
 # 64 images, batch 16: 4 batches an epoch; 2 workers; a step slower than the pipeline
 SETTINGS = ["--gpus", "none", "--batch-size", "16", "--workers", "2", "--consumer", "sleep:100"]

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from pipelines import InputError
-from probe.store import SCHEMA_VERSION, BatchEvent, LaneRecord, RunRecord, RunStatus, Store
+from probe.records import BatchEvent, LaneRecord, RunRecord, RunStatus
+from probe.store.db import Store
+from probe.store.schema import SCHEMA_VERSION
 
 
 def record(run_id: str, created: str = "2026-11-21T10:00:00Z", pid: int | None = 1) -> RunRecord:
@@ -126,3 +128,28 @@ def test_a_schema_1_store_is_brought_up_to_date(tmp_path: Path) -> None:
         assert store.sessions() == []
     version = sqlite3.connect(path).execute("SELECT value FROM meta").fetchone()[0]
     assert int(version) == SCHEMA_VERSION
+
+
+def test_a_schema_4_store_gains_the_synced_column_and_its_batches_read_as_synced(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "old.db"
+    old = sqlite3.connect(path)
+    old.executescript(
+        """
+        CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+        INSERT INTO meta VALUES ('schema_version', '4');
+        CREATE TABLE batches (run_id TEXT NOT NULL, lane INTEGER NOT NULL, idx INTEGER NOT NULL,
+            t_ns INTEGER NOT NULL, wait_s REAL NOT NULL, step_s REAL NOT NULL,
+            size INTEGER NOT NULL, warmup INTEGER NOT NULL, epoch INTEGER NOT NULL DEFAULT 0,
+            PRIMARY KEY (run_id, lane, idx)) WITHOUT ROWID;
+        INSERT INTO batches VALUES ('old-run', 0, 0, 5, 0.1, 0.2, 8, 0, 3);
+        """
+    )
+    old.close()
+    with Store(path) as store:
+        assert store.batches("old-run") == [BatchEvent(0, 0, 5, 0.1, 0.2, 8, False, 3, synced=True)]
+        store.add_batches("old-run", [BatchEvent(0, 1, 9, 0.1, 0.2, 8, False, 3, synced=False)])
+        assert [e.synced for e in store.batches("old-run")] == [True, False]
+    version = sqlite3.connect(path).execute("SELECT value FROM meta").fetchone()[0]
+    assert int(version) == SCHEMA_VERSION == 5

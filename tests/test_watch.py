@@ -13,9 +13,11 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from probe import watch
-from probe.diagnose import diagnose_run
-from probe.store import Store
-from probe.summary import run_document
+from probe.judge.diagnosis import diagnose_run
+from probe.measure.timer import BatchTimer
+from probe.records import BatchEvent
+from probe.store.db import Store
+from probe.store.documents import run_document
 
 LOAD_S = 0.003  # per item, in the loader
 STEP_S = 0.025  # per batch, in the "training step"
@@ -53,6 +55,8 @@ def test_watch_records_the_wait_and_step_split_of_a_training_loop(tmp_path: Path
     assert [e.index for e in events] == list(range(16))
     assert [e.warmup for e in events] == [True, True] + [False] * 14
     assert all(e.size == BATCH for e in events)
+    # On a GPU the loop is never made to wait for it; without CUDA a batch in hand is ready.
+    assert all(e.synced is not torch.cuda.is_available() for e in events)
     measured = [e for e in events if not e.warmup]
     wait = statistics.median(e.wait_s for e in measured)
     step = statistics.median(e.step_s for e in measured)
@@ -136,3 +140,30 @@ def test_an_unusable_store_warns_once_and_training_goes_on(tmp_path: Path) -> No
     assert first == list(range(5)) and second == list(range(3))
     messages = [str(w.message) for w in caught if "feedscope" in str(w.message)]
     assert len(messages) == 1 and "the store path is a folder" in messages[0]
+
+
+def test_the_timer_waits_for_the_device_where_it_can_and_says_whether_it_did() -> None:
+    device_s, step_s = 0.02, 0.01
+
+    def timed(timer: BatchTimer) -> list[BatchEvent]:
+        events = []
+        timer.ask()
+        for _ in range(2):
+            timer.got()
+            time.sleep(step_s)
+            events.append(timer.done(BATCH, epoch=1))
+            timer.ask(timer.done_ns)
+        return events
+
+    synced = timed(BatchTimer(3, lambda: time.sleep(device_s)))
+    unsynced = timed(BatchTimer(3, None))
+    assert [e.synced for e in synced] == [True, True]
+    assert [e.synced for e in unsynced] == [False, False]
+    assert all(e.wait_s >= device_s for e in synced)  # the device's wait is the batch's
+    assert all(e.wait_s < device_s for e in unsynced)
+    assert all(e.step_s >= step_s for e in synced + unsynced)
+    assert [e.index for e in synced] == [0, 1]
+    assert {(e.lane, e.size, e.epoch, e.warmup) for e in synced} == {(3, BATCH, 1, False)}
+    first, second = synced
+    # asked again when the step ended: no time falls between two batches
+    assert second.t_ns - first.t_ns == pytest.approx((first.wait_s + first.step_s) * 1e9, abs=2)

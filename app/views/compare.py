@@ -7,10 +7,10 @@ from typing import Any
 import streamlit as st
 
 from app import common
-from probe import figures
-from probe.steady import plus_minus
-from probe.summary import run_brief
-from probe.terminal import epochs_lines, pct, pct_pm
+from probe.metrics import CPU, DATA_WAIT, IMAGES_PER_S
+from probe.present import charts as figures
+from probe.present.tables import brief_grid, epochs_lines
+from probe.store.documents import RunBrief
 
 
 def compare_runs(db: str, rows: list[dict[str, Any]]) -> None:
@@ -29,40 +29,22 @@ def compare_runs(db: str, rows: list[dict[str, Any]]) -> None:
     if len(chosen) < 2:
         st.info("Pick two or more runs.")
         return
-    bars = [
-        run_brief(common.document(db, run_id, common.version_of(by_id[run_id])))
+    briefs = [
+        RunBrief.of(common.document(db, run_id, common.version_of(by_id[run_id])))
         for run_id in chosen
     ]
-    st.plotly_chart(figures.compare_bars(bars), width="stretch", key="compare-bars")
+    st.plotly_chart(figures.compare_bars(briefs), width="stretch", key="compare-bars")
     st.dataframe(
-        [
-            {
-                "run": b["run"],
-                "name": b["name"],
-                "pipeline": b["pipeline"],
-                "consumer": b["consumer"],
-                "images/s": round(b["images_per_s"]),
-                "data-wait": pct(b["data_wait_frac"]),
-                "GPU busy %": None if b["sm_active_pct"] is None else round(b["sm_active_pct"]),
-                "busy metric": {"gpm": "SM activity (GPM)", "nvml": "kernel-active (NVML)"}.get(
-                    b["sm_active_source"] or "", "-"
-                ),
-                "CPU cores": "-" if b["cpu_cores"] is None else f"{b['cpu_cores']:.1f}",
-            }
-            for b in bars
-        ],
-        hide_index=True,
-        width="stretch",
-        key="compare-table",
+        brief_grid(briefs).records(), hide_index=True, width="stretch", key="compare-table"
     )
-    pipelines = {b["pipeline"] for b in bars}
+    pipelines = {b.pipeline for b in briefs}
     if pipelines == {"torch", "dali"}:
-        best = {p: max(b["images_per_s"] for b in bars if b["pipeline"] == p) for p in pipelines}
+        best = {p: max(b.images_per_s for b in briefs if b.pipeline == p) for p in pipelines}
         st.markdown(
             f"**DataLoader against DALI**: the best DataLoader run {best['torch']:,.0f} images/s, "
             f"the best DALI run {best['dali']:,.0f} ({best['dali'] / best['torch']:.2f}x)."
         )
-        if len({b["consumer"] for b in bars}) > 1:
+        if len({b.consumer for b in briefs}) > 1:
             st.caption("These runs fed different consumers: compare runs of one consumer.")
 
 
@@ -103,9 +85,13 @@ def compare_session() -> None:
             [
                 {
                     knob: p[knob],
-                    "images/s": plus_minus(p["images_per_s"], p.get("images_per_s_error")),
-                    "data-wait": pct_pm(p["data_wait_frac"], p.get("data_wait_frac_error")),
-                    "CPU cores": "-" if p["cpu_pct"] is None else f"{p['cpu_pct'] / 100:.1f}",
+                    IMAGES_PER_S.heading: IMAGES_PER_S.cell(
+                        p["images_per_s"], p.get("images_per_s_error")
+                    ),
+                    DATA_WAIT.heading: DATA_WAIT.cell(
+                        p["data_wait_frac"], p.get("data_wait_frac_error")
+                    ),
+                    CPU.heading: CPU.cell(p["cpu_pct"]),
                     "run": p["run_id"],
                 }
                 for p in points
@@ -137,7 +123,7 @@ def compare_session() -> None:
             shown = (
                 "not predicted"
                 if predicted is None
-                else f"predicted {plus_minus(predicted, item.get('predicted_error'))} images/s"
+                else f"predicted {IMAGES_PER_S.text(predicted, item.get('predicted_error'))}"
             )
             st.markdown(
                 f"{rank}. `{item['setting']}`: {item['action']}; {shown}"

@@ -6,8 +6,9 @@ from __future__ import annotations
 import streamlit as st
 
 from app import common
-from probe import launch
-from probe.devices import cuda_devices
+from probe.measure.devices import cuda_devices
+from probe.present import launch
+from probe.present import options as flags
 
 
 def form() -> launch.LaunchForm | None:
@@ -35,7 +36,7 @@ def form() -> launch.LaunchForm | None:
             key="launch-shards",
         )
         batch_size = cols[2].number_input(
-            "batch size", min_value=1, value=128, step=1, key="launch-batch"
+            "batch size", min_value=1, value=flags.GPU_BATCH_SIZE, step=1, key="launch-batch"
         )
         cols = st.columns(3)
         workers = cols[0].number_input(
@@ -46,7 +47,7 @@ def form() -> launch.LaunchForm | None:
         )
         consumer = cols[2].text_input(
             "consumer (none, sleep:MS, model:NAME)",
-            value="sleep:30" if command == "doctor" else "none",
+            value=flags.DOCTOR_CONSUMER if command == "doctor" else "none",
             key="launch-consumer",
         )
         data = st.text_input(
@@ -64,7 +65,7 @@ def form() -> launch.LaunchForm | None:
             budget = cols[0].number_input(
                 "budget, seconds (start-ups included)",
                 min_value=1.0,
-                value=45.0 if command == "doctor" else 120.0,
+                value=45.0 if command == "doctor" else flags.SWEEP_BUDGET_S,
                 key="launch-budget",
             )
         submitted = st.form_submit_button("Start", type="primary")

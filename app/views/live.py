@@ -10,8 +10,10 @@ from __future__ import annotations
 import streamlit as st
 
 from app import common
-from probe import figures, launch
-from probe.queries import LiveSeries, running_runs
+from probe.present import charts as figures
+from probe.present import launch
+from probe.present.listing import running_runs
+from probe.store.series import LiveSeries
 
 
 @st.fragment(run_every=1.0)

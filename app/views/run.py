@@ -7,10 +7,11 @@ from typing import Any
 import streamlit as st
 
 from app import common
-from probe import figures
-from probe.steady import plus_minus
-from probe.summary import reproduce_command
-from probe.terminal import gpu_busy, pct, pct_pm, run_notes
+from probe.metrics import DATA_WAIT, IMAGES_PER_S
+from probe.present import charts as figures
+from probe.present.options import reproduce_command
+from probe.present.tables import headline, lane_grid, recommendation_grid, run_notes
+from probe.store.documents import RunDocument
 
 
 def pick_run(rows: list[dict[str, Any]]) -> str | None:
@@ -38,50 +39,25 @@ def pick_run(rows: list[dict[str, Any]]) -> str | None:
     return str(chosen)
 
 
-def header(doc: dict[str, Any]) -> None:
-    st.subheader(f"{doc['run_id']}: {doc['pipeline']}, consumer {doc['consumer']}")
-    created = doc["created"].replace("T", " ").rstrip("Z")
-    label = f", label {doc['label']}" if doc["label"] else ""
-    st.caption(f"created {created} UTC on {doc['host'].get('hostname', '?')}{label}")
-    reason = f": {doc['reason']}" if doc["reason"] else ""
-    message = f"{doc['status']}{reason}"
-    if doc["status"] == "completed":
+def header(doc: RunDocument) -> None:
+    st.subheader(f"{doc.run_id}: {doc.pipeline}, consumer {doc.consumer}")
+    created = doc.created.replace("T", " ").rstrip("Z")
+    label = f", label {doc.label}" if doc.label else ""
+    st.caption(f"created {created} UTC on {doc.host.get('hostname', '?')}{label}")
+    reason = f": {doc.reason}" if doc.reason else ""
+    message = f"{doc.status}{reason}"
+    if doc.status == "completed":
         st.success(message)
-    elif doc["status"] == "running":
+    elif doc.status == "running":
         st.info(message + " (figures so far; the Live page follows it)")
     else:
         st.warning(message)
-    waits = [x["data_wait_frac"] for x in doc["lanes"] if x["data_wait_frac"] is not None]
     cols = st.columns(4)
-    cols[0].metric("images/s, all lanes", f"{doc['images_per_s']:,.0f}")
-    cols[1].metric("worst data-wait", pct(max(waits) if waits else None))
-    cols[2].metric("lanes", len(doc["lanes"]))
-    seconds = doc["seconds"]
-    cols[3].metric("run took", "-" if seconds is None else f"{seconds:,.1f} s")
-    st.dataframe(
-        [
-            {
-                "lane": x["lane"],
-                "device": "cpu" if x["gpu"] is None else f"cuda:{x['gpu']}",
-                "shard": f"{x['shard_id']}/{x['num_shards']}",
-                "status": x["status"],
-                "batches": x["batches"],
-                "images/s": plus_minus(x["images_per_s"], x.get("images_per_s_error")),
-                "data-wait": pct_pm(x["data_wait_frac"], x.get("data_wait_frac_error")),
-                "latency p50/p95/p99 ms": "/".join(
-                    "-" if x["batch_latency_ms"][k] is None else f"{x['batch_latency_ms'][k]:.1f}"
-                    for k in ("p50", "p95", "p99")
-                ),
-                "GPU busy": gpu_busy(x),
-                "CPU cores": "-" if x.get("cpu_pct") is None else f"{x['cpu_pct'] / 100:.1f}",
-                "reason": x["reason"] or "",
-            }
-            for x in doc["lanes"]
-        ],
-        hide_index=True,
-        width="stretch",
-        key="run-lanes",
-    )
+    cols[0].metric(f"{IMAGES_PER_S.heading}, all lanes", IMAGES_PER_S.cell(doc.images_per_s))
+    cols[1].metric(f"{DATA_WAIT.label}, worst lane", DATA_WAIT.cell(doc.data_wait_frac))
+    cols[2].metric("lanes", len(doc.lanes))
+    cols[3].metric("run took", "-" if doc.seconds is None else f"{doc.seconds:,.1f} s")
+    st.dataframe(lane_grid(doc).records(), hide_index=True, width="stretch", key="run-lanes")
     notes = run_notes(doc)
     if notes:
         st.caption("  \n".join(notes))
@@ -89,16 +65,9 @@ def header(doc: dict[str, Any]) -> None:
 
 def diagnosis(diag: dict[str, Any], session: dict[str, Any] | None) -> None:
     st.subheader("Diagnosis")
-    verdict = diag["verdict"]
-    title = verdict["title"]
-    if verdict["severity"] != "none":
-        title += f" ({verdict['severity']}: data-wait {pct(verdict['data_wait_frac'])})"
-    if diag["partial"]:
-        title += " - partial: the run did not complete"
-    if verdict.get("reliable") is False:
-        title += " - not trusted: the host was busy"
-    (st.error if verdict["severity"] == "high" else st.warning if verdict["severity"] ==
-     "moderate" else st.success)(title)  # fmt: skip
+    verdict = {**diag["verdict"], "partial": diag["partial"]}
+    show = {"high": st.error, "moderate": st.warning}.get(verdict["severity"], st.success)
+    show(headline(verdict))
     st.markdown("\n".join(f"- {item['text']}" for item in verdict["evidence"]))
     for finding in diag["findings"]:
         st.warning(finding["title"] + ": " + "; ".join(i["text"] for i in finding["evidence"]))
@@ -110,28 +79,11 @@ def diagnosis(diag: dict[str, Any], session: dict[str, Any] | None) -> None:
     if recommendations:
         st.markdown(f"**Recommendations** ({basis})")
         st.dataframe(
-            [
-                {
-                    "#": rank,
-                    "change": item["setting"],
-                    "predicted images/s": "-"
-                    if item["predicted_images_per_s"] is None
-                    else plus_minus(item["predicted_images_per_s"], item.get("predicted_error")),
-                    "verified images/s": _round(item.get("measured_images_per_s")),
-                    "what": item["action"],
-                    "basis": item["basis"],
-                    "notes": "; ".join(item.get("notes", ())),
-                }
-                for rank, item in enumerate(recommendations, 1)
-            ],
+            recommendation_grid(recommendations).records(),
             hide_index=True,
             width="stretch",
             key="run-recommendations",
         )
-
-
-def _round(value: float | None) -> int | None:
-    return None if value is None else round(value)
 
 
 @common.page
@@ -167,19 +119,19 @@ def main() -> None:
             )
         for index, figure in enumerate(figures.run_figures(series, view["histogram"])):
             st.plotly_chart(figure, width="stretch", key=f"run-figure-{index}")
-    unavailable = doc["unavailable_metrics"]
+    unavailable = doc.unavailable_metrics
     if unavailable:
         st.caption(
             "Unavailable here: "
             + "; ".join(f"{u['metric']} ({u['reason']})" for u in unavailable[:12])
         )
     with st.expander("Configuration (to reproduce the run)"):
-        command = reproduce_command(doc)
+        command = reproduce_command(doc.to_json())
         if command is not None:
             st.code(command, language="bash")
-        st.json(doc["config"])
+        st.json(dict(doc.config))
     with st.expander("Host"):
-        st.json(doc["host"])
+        st.json(dict(doc.host))
     st.markdown("**Export** (the same reports as `probe report`)")
     common.export_buttons(db, run_id, "run-export")
 

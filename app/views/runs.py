@@ -8,9 +8,9 @@ from __future__ import annotations
 import streamlit as st
 
 from app import common
-from probe import launch
-from probe.devices import cuda_devices
-from probe.terminal import pct
+from probe.measure.devices import cuda_devices
+from probe.metrics import DATA_WAIT, IMAGES_PER_S
+from probe.present import launch
 
 
 def welcome() -> None:
@@ -65,8 +65,8 @@ def main() -> None:
                 "pipeline": row["pipeline"],
                 "consumer": row["consumer"],
                 "devices": row["devices"],
-                "images/s": round(row["images_per_s"]),
-                "data-wait": pct(row["data_wait_frac"]),
+                IMAGES_PER_S.heading: round(row["images_per_s"]),
+                DATA_WAIT.heading: DATA_WAIT.cell(row["data_wait_frac"]),
                 "verdict": verdict["title"] + (" (partial)" if verdict["partial"] else ""),
                 "created (UTC)": row["created"].replace("T", " ").rstrip("Z"),
             }

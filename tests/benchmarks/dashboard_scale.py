@@ -27,12 +27,20 @@ from rich.console import Console
 from rich.table import Table
 
 from pipelines.spec import DataLoaderOptions, PipelineSpec
-from probe.diagnose import diagnose_run
-from probe.figures import run_figures
-from probe.queries import latency_histogram, run_series
-from probe.samplers import GpuSample, HostSample, LaneCpuSample
-from probe.store import BatchEvent, LaneRecord, RunRecord, RunStatus, Store
-from probe.summary import figures_from_store, run_document
+from probe.judge.diagnosis import diagnose_run
+from probe.present.charts import run_figures
+from probe.records import (
+    BatchEvent,
+    GpuSample,
+    HostSample,
+    LaneCpuSample,
+    LaneRecord,
+    RunRecord,
+    RunStatus,
+)
+from probe.store.db import Store
+from probe.store.documents import figures_from_store, run_document
+from probe.store.series import latency_histogram, run_series
 
 APP = Path(__file__).resolve().parents[2] / "app" / "streamlit_app.py"
 

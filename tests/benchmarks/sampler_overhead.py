@@ -20,11 +20,12 @@ from rich.table import Table
 
 from pipelines import Backend, DaliOptions, DataLoaderOptions, PipelineSpec, available_cpus
 from pipelines.sample_data import ensure_default_dataset
-from probe.consumers import parse_consumer
-from probe.devices import cuda_devices, select_gpus
-from probe.runner import ProbeConfig, plan_lanes, run_probe
-from probe.store import Store
-from probe.summary import run_document
+from probe.measure.config import ProbeConfig, plan_lanes
+from probe.measure.consumers import parse_consumer
+from probe.measure.devices import cuda_devices, select_gpus
+from probe.measure.runner import run_probe
+from probe.store.db import Store
+from probe.store.documents import run_document
 
 RATES = (0.0, 10.0, 100.0)
 

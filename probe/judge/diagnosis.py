@@ -1,0 +1,97 @@
+"""A run's diagnosis: its lanes' verdicts, what only several lanes show, the run's verdict (the
+worst), and ranked recommendations (`diagnose_run` for a stored run, `judge_run` for facts)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pipelines import InputError
+from probe.judge.changes import Recommendation
+from probe.judge.evidence import Evidence
+from probe.judge.facts import LaneFacts, run_facts
+from probe.judge.knee import SweepAnalysis
+from probe.judge.recommend import recommend
+from probe.judge.results import session_of
+from probe.judge.thresholds import Severity
+from probe.judge.verdicts import Verdict, VerdictKind, judge_lane, judge_lanes, rank
+from probe.records import RunRecord, RunStatus
+from probe.store.db import Store
+
+
+@dataclass(frozen=True)
+class RunDiagnosis:
+    """A run's verdict, its lanes' verdicts, and recommendations from this run (and the sweep
+    it belongs to, where it belongs to one)."""
+
+    run_id: str
+    verdict: Verdict
+    lanes: tuple[Verdict, ...]
+    findings: tuple[Verdict, ...]  # what only several lanes show
+    recommendations: tuple[Recommendation, ...]
+    partial: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "partial": self.partial,
+            "verdict": self.verdict.to_json(),
+            "lanes": [v.to_json() for v in self.lanes],
+            "findings": [v.to_json() for v in self.findings],
+            "recommendations": [r.to_json() for r in self.recommendations],
+        }
+
+    as_dict = to_json  # the name its readers (probe.present, app) still call
+
+
+def diagnose_run(store: Store, run_id: str, sweep: SweepAnalysis | None = None) -> RunDiagnosis:
+    """Diagnoses one stored run. A failed or interrupted run is judged on what it recorded and
+    marked partial. A new num_workers is read from `sweep` (measured on the same lanes), or
+    else from the sweep or doctor session the run belongs to, where that is stored."""
+    run = store.run(run_id)
+    sweep = sweep or _session_sweep(store, run)
+    return judge_run(run.run_id, run.status, run_facts(store, run.run_id), sweep)
+
+
+def judge_run(
+    run_id: str,
+    status: RunStatus,
+    facts: Sequence[LaneFacts],
+    sweep: SweepAnalysis | None = None,
+) -> RunDiagnosis:
+    """A run's diagnosis from its lanes' facts."""
+    lanes = tuple(judge_lane(f) for f in facts)
+    findings = tuple(judge_lanes(facts, lanes))
+    partial = status is not RunStatus.COMPLETED or any(v.partial for v in lanes)
+    candidates = [*lanes, *findings]
+    if not candidates:
+        none = Evidence("lanes", 0.0, "the run has no lanes")
+        empty = Verdict(VerdictKind.UNKNOWN, Severity.NONE, None, (none,), partial=True)
+        return RunDiagnosis(run_id, empty, (), (), (), True)
+    worst = max(candidates, key=rank)
+    waits = [v.data_wait_frac for v in lanes if v.data_wait_frac is not None]
+    overall = Verdict(
+        worst.kind,
+        worst.severity,
+        max(waits) if waits else None,
+        worst.evidence,
+        worst.lane,
+        partial,
+        all(v.reliable for v in candidates),
+    )
+    recommendations = tuple(recommend(facts, lanes, findings, sweep))
+    return RunDiagnosis(run_id, overall, lanes, findings, recommendations, partial)
+
+
+def _session_sweep(store: Store, run: RunRecord) -> SweepAnalysis | None:
+    """The sweep of num_workers of the session a run belongs to (None: none, or not stored
+    yet, as while a doctor judges your setting)."""
+    if run.session_id is None or run.pipeline != "torch":
+        return None
+    try:
+        stored = store.session(run.session_id)
+    except InputError:
+        return None
+    session = session_of(stored.document)
+    return session.analysis() if session.knob == "num_workers" else None

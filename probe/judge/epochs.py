@@ -1,0 +1,111 @@
+"""What takes epoch starts' stalls away (`epoch_fixes`), each predicted from the rate without
+them: an endless sampler, longer epochs, persistent workers, fewer workers than batches per
+epoch."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+
+from probe.judge.changes import Change, Knob, Recommendation, workers
+from probe.judge.facts import LaneFacts
+from probe.judge.thresholds import LONGER_EPOCHS
+from probe.metrics import EpochStartCost
+
+# The share of a lane's stall that a fix takes away (None: it cannot be told).
+_Removes = Callable[[EpochStartCost], float | None]
+
+
+def epoch_fixes(
+    facts: Sequence[LaneFacts], stream: Mapping[int, float] | None = None, basis: str = ""
+) -> list[Recommendation]:
+    """What takes the epoch starts' stalls away, ranked by the images/s each is predicted to
+    give. A fix that removes a share of a lane's stall moves its time per image that share of
+    the way to its rate without them: measured where `stream` gives it (the same setting read
+    as one stream, per lane; `basis` says where), else its rate between epoch starts."""
+    stalled = [f for f in facts if _stalls(f)]
+    if not stalled:
+        return []
+
+    def predicted(removes: _Removes) -> float | None:
+        """All lanes' images/s with the share `removes(start)` of each stall taken away (None
+        where that share cannot be told)."""
+        total = 0.0
+        for f in facts:
+            start, rate = f.figures.epoch_start, f.figures.images_per_s
+            if f not in stalled or start is None or not rate:
+                total += rate
+                continue
+            share = removes(start)
+            if share is None:
+                return None
+            steady = (stream or {}).get(f.lane) or start.steady_images_per_s
+            floor = 1 / steady if steady else 0.0
+            total += 1 / (floor + (1 / rate - floor) * (1 - share))
+        return total
+
+    first = stalled[0]
+    start = first.figures.epoch_start
+    assert start is not None  # stalled
+    split = start.loader_start_ms is not None
+    not_split = "not predicted: the loader's start is not measured apart here"
+    out = [
+        Recommendation(
+            "read across epoch ends: one endless sampler over the shard's epochs (the read "
+            "order of each epoch kept), so that the prefetch never drains, as feedscope's "
+            "stream reading and timm's MultiEpochsDataLoader do",
+            Change(Knob.SAMPLER, "endless"),
+            predicted(lambda start: 1.0),
+            basis or "estimated: the rate measured between epoch starts",
+        ),
+        Recommendation(
+            f"make an epoch {LONGER_EPOCHS}x longer (the shard {LONGER_EPOCHS} times over in "
+            "its sampler): the same stall, a quarter as often",
+            Change(Knob.EPOCH_LENGTH, LONGER_EPOCHS),
+            predicted(lambda start: 1 - 1 / LONGER_EPOCHS),
+            "estimated: the measured stalls, a quarter as often",
+        ),
+    ]
+    if first.backend == "torch" and first.persistent_workers is False:
+        out.append(
+            Recommendation(
+                "keep the workers from one epoch to the next (persistent_workers=True): an "
+                "epoch start no longer starts them; but dataset state set per epoch in the main "
+                "process (set_epoch) then no longer reaches them",
+                Change(Knob.PERSISTENT_WORKERS, True),
+                predicted(_starting_share),
+                "estimated: the stall less the loader's measured start" if split else not_split,
+            )
+        )
+    per_epoch = start.batches_per_epoch
+    now = first.num_workers or 0
+    if first.backend == "torch" and now > per_epoch > 0:
+        fewer = max(1, math.floor(per_epoch))
+
+        def fewer_start(start: EpochStartCost) -> float | None:
+            starting = _starting_share(start)
+            return None if starting is None else starting * (1 - fewer / now)
+
+        out.append(
+            Recommendation(
+                f"fewer workers than batches per epoch: {now} workers for {per_epoch:.0f} "
+                f"batches, so {now - fewer} of them sit idle at every epoch start, yet each "
+                "is started or resumed with it",
+                workers(fewer),
+                predicted(fewer_start),
+                "estimated: the loader's measured start, for fewer workers" if split else not_split,
+            )
+        )
+    return sorted(out, key=lambda r: -(r.predicted_images_per_s or 0.0))
+
+
+def _stalls(facts: LaneFacts) -> bool:
+    start = facts.figures.epoch_start
+    return start is not None and start.stall_ms > 0 and facts.figures.batches > 0
+
+
+def _starting_share(start: EpochStartCost) -> float | None:
+    """The share of an epoch start's stall spent starting the loader (None: not measured)."""
+    if start.loader_start_ms is None or not start.stall_ms:
+        return None
+    return min(1.0, start.loader_start_ms / start.stall_ms)

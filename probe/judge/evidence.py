@@ -1,0 +1,195 @@
+"""Evidence: the numbers a verdict rests on, each with its metric's name (`probe.metrics`) and a
+sentence for people that says what the number means."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from probe.judge.facts import LaneFacts
+from probe.judge.thresholds import (
+    STEAL_MOVES_PCT,
+    STEP_STALL,
+    WAIT_HIGH,
+    WAIT_MODERATE,
+    Severity,
+    severity_of,
+)
+from probe.metrics import (
+    CPU,
+    DATA_WAIT,
+    IMAGES_PER_S,
+    KERNEL_ACTIVE,
+    MAIN_THREAD_CPU,
+    NVJPG,
+    SM_ACTIVE,
+    Metric,
+    Source,
+)
+
+
+@dataclass(frozen=True)
+class Evidence:
+    metric: str  # the metric's name, as stored
+    value: float | None
+    text: str  # the number and what it means, for people
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Evidence:
+        return cls(data["metric"], data["value"], data["text"])
+
+
+def measured(metric: Metric, value: float | None, error: float | None = None) -> str:
+    """A value in running text with its metric's label and source: 'SM activity 48% (GPM)',
+    'kernel-active 62% (NVML utilization.gpu, overstates)', 'data-wait 31.0%'."""
+    shown = f"{metric.label} {metric.text(value, error)}"
+    if metric.source is Source.BATCHES:
+        return shown
+    return f"{shown} ({metric.source.value}{f' {metric.note}' if metric.note else ''})"
+
+
+def wait_evidence(facts: LaneFacts) -> Evidence:
+    wait = facts.figures.data_wait_frac
+    if facts.consumer == "none":
+        text = f"{measured(DATA_WAIT, wait)}: no consumer, so all time is waiting"
+        return Evidence(DATA_WAIT.name, wait, text)
+    bound = {
+        Severity.HIGH: f">= {WAIT_HIGH:.0%}: high",
+        Severity.MODERATE: f">= {WAIT_MODERATE:.0%}: moderate",
+        Severity.NONE: f"< {WAIT_MODERATE:.0%}",
+    }[severity_of(wait)]
+    shown = measured(DATA_WAIT, wait, facts.figures.data_wait_frac_error)
+    return Evidence(DATA_WAIT.name, wait, f"{shown} of wall time ({bound})")
+
+
+def rate_evidence(facts: LaneFacts) -> Evidence:
+    figures = facts.figures
+    shown = IMAGES_PER_S.text(figures.images_per_s, figures.images_per_s_error)
+    return Evidence(IMAGES_PER_S.name, figures.images_per_s, f"{shown} ({facts.change.setting})")
+
+
+def gpu_evidence(facts: LaneFacts) -> list[Evidence]:
+    """The GPU's busy-ness as each metric sees it, and DALI's hardware JPEG decoder."""
+    figures = facts.figures
+    out = []
+    if figures.busy is SM_ACTIVE and figures.sm_active_pct is not None:
+        out.append(Evidence(SM_ACTIVE.name, figures.sm_active_pct,
+                            measured(SM_ACTIVE, figures.sm_active_pct)))  # fmt: skip
+    if figures.kernel_active_pct is not None:
+        out.append(Evidence(KERNEL_ACTIVE.name, figures.kernel_active_pct,
+                            measured(KERNEL_ACTIVE, figures.kernel_active_pct)))  # fmt: skip
+    if facts.backend == "dali" and figures.nvjpg_pct is not None:
+        text = f"hardware {measured(NVJPG, figures.nvjpg_pct)}"
+        out.append(Evidence(NVJPG.name, figures.nvjpg_pct, text))
+    return out
+
+
+def cpu_evidence(facts: LaneFacts) -> list[Evidence]:
+    """The host's CPU, the lane's processes' and the training loop's thread's."""
+    out = []
+    busy = facts.host.cpu_pct
+    if busy is not None:
+        cores = busy / 100 * facts.host_cpus
+        text = f"host CPU {busy:.0f}% busy ({cores:.1f} of {facts.host_cpus} cores)"
+        out.append(Evidence("host_cpu_pct", busy, text))
+    cpu = facts.figures.cpu_pct
+    if cpu is not None:
+        text = (
+            f"the lane's processes use {CPU.text(cpu)} "
+            f"({facts.loaders_text}; {facts.cores_per_lane_text})"
+        )
+        out.append(Evidence(CPU.name, cpu, text))
+    main = facts.figures.main_thread_cpu_pct
+    if main is not None:
+        text = f"{MAIN_THREAD_CPU.label} {MAIN_THREAD_CPU.text(main)} busy"
+        out.append(Evidence(MAIN_THREAD_CPU.name, main, text))
+    return out
+
+
+def step_evidence(facts: LaneFacts) -> list[Evidence]:
+    """The consumer's median step, and the rate it could take at that step."""
+    rate, step = facts.consumer_images_per_s, facts.figures.step_ms_p50
+    if rate is None or step is None:
+        return []
+    text = f"step {step:.1f} ms (median): the consumer could take {rate:,.0f} images/s"
+    return [Evidence("step_ms_p50", step, text)]
+
+
+def stall_evidence(facts: LaneFacts) -> list[Evidence]:
+    """The step, and whether steps stall (the training loop waits for CPU too)."""
+    out = step_evidence(facts)
+    mean, median = facts.step_ms_mean, facts.figures.step_ms_p50
+    if mean and median and mean >= STEP_STALL * median:
+        text = (
+            f"steps stall: mean {mean:.0f} ms against a median of {median:.0f} ms "
+            "(the training loop waits for CPU too)"
+        )
+        out.append(Evidence("step_ms_mean", mean, text))
+    return out
+
+
+def consumer_evidence(facts: LaneFacts) -> list[Evidence]:
+    """The consumer alone, as measured on batches already on the device: what no input fix
+    can go past."""
+    alone = facts.figures.consumer_alone
+    if not alone or not alone.get("images_per_s"):
+        return []
+    rate = alone["images_per_s"]
+    text = (
+        f"the consumer alone, on batches already on the device: "
+        f"{IMAGES_PER_S.text(rate, alone.get('images_per_s_error'))} "
+        f"({alone.get('step_ms_p50') or 0:.1f} ms a step): the most any input fix can give"
+    )
+    return [Evidence("consumer_images_per_s", rate, text)]
+
+
+def host_load_evidence(facts: LaneFacts) -> list[Evidence]:
+    """The host's other load, where it could have moved the answer."""
+    if not facts.host_busy:
+        return []
+    out = []
+    other, steal = facts.host.other_cores, facts.host.steal_pct
+    if other is not None:
+        cores = facts.host.machine_cores or facts.host_cpus
+        text = (
+            f"other processes used {other:.1f} of the machine's {cores} cores "
+            f"({other / max(1, cores):.0%}) while it measured"
+        )
+        out.append(Evidence("host_other_cores", other, text))
+    if steal is not None and steal >= STEAL_MOVES_PCT:
+        text = f"CPU steal {steal:.0f}%: the hypervisor gave these cores to others"
+        out.append(Evidence("steal_pct", steal, text))
+    return out
+
+
+def epoch_evidence(facts: LaneFacts) -> list[Evidence]:
+    """What the epoch starts cost, split into the loader's start and the prefetch's refill
+    where the lane saw them apart."""
+    start = facts.figures.epoch_start
+    if not start:
+        return []
+    split = ""
+    if start.loader_start_ms is not None:
+        split = (
+            f": {start.loader_start_ms:.0f} ms to start the loader, "
+            f"{start.refill_ms or 0:.0f} ms to refill its prefetch"
+        )
+    text = (
+        f"epoch starts cost {start.share:.1%} of the time: {start.starts} of them, "
+        f"{start.stall_ms:,.0f} ms each{split}; {start.batches_per_epoch:.0f} batches per "
+        f"epoch; between them {DATA_WAIT.label} is {DATA_WAIT.text(facts.steady_wait)}"
+    )
+    return [Evidence("epoch_start_share", start.share, text)]
+
+
+def transfer_evidence(facts: LaneFacts) -> list[Evidence]:
+    """How batches reach the GPU: unpinned buffers, float32 pixels."""
+    out = []
+    if facts.pin_memory is False and facts.on_gpu:
+        text = "pin_memory is off: every copy to the GPU is synchronous"
+        out.append(Evidence("pin_memory", 0.0, text))
+    if facts.output_dtype == "float32" and facts.on_gpu:
+        text = "workers hand over float32: 4x the bytes of uint8"
+        out.append(Evidence("output_dtype", 4.0, text))
+    return out

@@ -1,0 +1,198 @@
+"""The facts the rules read about each lane of a stored run: its figures (`LaneFigures`), how
+its pipeline was set, and the host's load while it measured (cut to the lane's window)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from probe.judge.changes import Change, to_dali, workers
+from probe.judge.thresholds import (
+    CPU_SATURATED_PCT,
+    EPOCH_START_SHARE,
+    OTHER_LOAD_MIN_CORES,
+    OTHER_LOAD_SHARE,
+    STEAL_MOVES_PCT,
+)
+from probe.metrics import LaneFigures
+from probe.records import LaneRecord, RunRecord
+from probe.store.db import Store
+from probe.store.documents import lane_figures_of
+
+
+@dataclass(frozen=True)
+class HostLoad:
+    """The host's figures over a lane's measured window (None: not measured)."""
+
+    cpu_pct: float | None = None  # busy share of all the cores the run may use
+    iowait_pct: float | None = None
+    steal_pct: float | None = None
+    disk_read_mib_s: float | None = None
+    other_cores: float | None = None  # cores other processes used meanwhile ...
+    machine_cores: int | None = None  # ... of all the machine's (not only those it may use)
+
+
+@dataclass(frozen=True)
+class LaneFacts:
+    """What the rules read about one lane."""
+
+    lane: int
+    status: str
+    backend: str  # "torch" or "dali"
+    consumer: str  # "none", "sleep:MS", "model:NAME"
+    batch_size: int
+    figures: LaneFigures
+    hostname: str
+    host_cpus: int  # the cores the run may use on its host
+    lanes_on_host: int
+    on_gpu: bool
+    num_workers: int | None = None  # DataLoader
+    pin_memory: bool | None = None
+    output_dtype: str | None = None
+    persistent_workers: bool | None = None
+    num_threads: int | None = None  # DALI
+    decoder: str | None = None
+    host: HostLoad = field(default_factory=HostLoad)
+    step_ms_mean: float | None = None  # the measured batches' mean step
+
+    @property
+    def cores_per_lane(self) -> float:
+        return self.host_cpus / max(1, self.lanes_on_host)
+
+    @property
+    def cores_per_lane_text(self) -> str:
+        """ "16 cores per GPU", or "1 core per lane" on the CPU."""
+        cores = self.cores_per_lane
+        return f"{cores:g} core{'' if cores == 1 else 's'} per {'GPU' if self.on_gpu else 'lane'}"
+
+    @property
+    def loaders(self) -> int | None:
+        """DataLoader workers or DALI threads."""
+        return self.num_workers if self.backend == "torch" else self.num_threads
+
+    @property
+    def loaders_text(self) -> str:
+        """ "8 workers", "1 worker", "4 DALI threads"."""
+        name = "worker" if self.backend == "torch" else "DALI thread"
+        return f"{self.loaders} {name}{'' if self.loaders == 1 else 's'}"
+
+    @property
+    def consumer_images_per_s(self) -> float | None:
+        """What the consumer alone could take: as measured on batches already on the device,
+        else a batch per median step (under the loader's load)."""
+        alone = self.figures.consumer_alone
+        if alone and alone.get("images_per_s"):
+            return float(alone["images_per_s"])
+        step = self.figures.step_ms_p50
+        if not step or step <= 0.01:
+            return None
+        return self.batch_size / (step / 1000)
+
+    @property
+    def epoch_share(self) -> float:
+        """The share of the time its epoch starts cost (0 when none was measured)."""
+        start = self.figures.epoch_start
+        return start.share if start else 0.0
+
+    @property
+    def epoch_stalls_most(self) -> bool:
+        """Whether epoch starts cost EPOCH_START_SHARE or more, and most of the data-wait."""
+        wait = self.figures.data_wait_frac or 0.0
+        return self.epoch_share >= EPOCH_START_SHARE and self.epoch_share >= wait / 2
+
+    @property
+    def steady_wait(self) -> float | None:
+        """Its data-wait with the epoch starts' stalls taken out."""
+        wait = self.figures.data_wait_frac
+        share = self.epoch_share
+        if wait is None or not share or share >= 1:
+            return wait
+        return max(0.0, (wait - share) / (1 - share))
+
+    @property
+    def cpu_saturated(self) -> bool:
+        """Whether the host, or the lane's share of its cores, has no CPU left."""
+        if self.host.cpu_pct is not None and self.host.cpu_pct >= CPU_SATURATED_PCT:
+            return True
+        cpu = self.figures.cpu_pct
+        return cpu is not None and cpu >= CPU_SATURATED_PCT * self.cores_per_lane
+
+    @property
+    def host_busy(self) -> bool:
+        """Whether other processes (or the hypervisor) took enough CPU to move the answer."""
+        steal = self.host.steal_pct or 0.0
+        other = self.host.other_cores or 0.0
+        cores = self.host.machine_cores or self.host_cpus
+        enough = max(OTHER_LOAD_MIN_CORES, OTHER_LOAD_SHARE * cores)
+        return steal >= STEAL_MOVES_PCT or other >= enough
+
+    @property
+    def change(self) -> Change:
+        """Its own setting, as a change would set it."""
+        if self.backend == "dali":
+            return to_dali(str(self.decoder), self.num_threads or 1)
+        return workers(self.num_workers or 0)
+
+
+def lane_facts(store: Store, run: RunRecord, lane: LaneRecord) -> LaneFacts:
+    """The facts of one lane, from the store (host figures cut to the lane's window)."""
+    stats = store.batch_stats(run.run_id, lane.lane)
+    spec = run.config.get("spec", {})
+    loader, dali = spec.get("dataloader", {}), spec.get("dali", {})
+    torch_lane = run.pipeline == "torch"
+    on_gpu = lane.gpu_index is not None
+    machine = run.host.get("nodes", {}).get(lane.hostname, run.host)
+    host = HostLoad()
+    if stats["n"]:
+        means = store.host_means(run.run_id, lane.hostname, stats["start_ns"], stats["end_ns"])
+        host = _host_load(means, machine)
+    return LaneFacts(
+        lane=lane.lane,
+        status=lane.status.value,
+        backend=run.pipeline,
+        consumer=run.consumer,
+        batch_size=int(spec.get("batch_size", 0)),
+        figures=lane_figures_of(store, run, lane),
+        hostname=lane.hostname,
+        host_cpus=int(machine.get("cpus") or 1),
+        lanes_on_host=sum(1 for x in store.lanes(run.run_id) if x.hostname == lane.hostname),
+        on_gpu=on_gpu,
+        num_workers=loader.get("num_workers") if torch_lane else None,
+        pin_memory=loader.get("pin_memory") if torch_lane else None,
+        output_dtype=(loader.get("output_dtype") or ("uint8" if on_gpu else "float32"))
+        if torch_lane
+        else None,
+        persistent_workers=loader.get("persistent_workers") if torch_lane else None,
+        num_threads=None if torch_lane else dali.get("num_threads"),
+        decoder=None if torch_lane else _dali_decoder(dali, lane),
+        host=host,
+        step_ms_mean=stats["step_mean_s"] * 1e3 if stats["n"] else None,
+    )
+
+
+def run_facts(store: Store, run_id: str) -> list[LaneFacts]:
+    """The facts of each lane of a stored run."""
+    run = store.run(run_id)
+    return [lane_facts(store, run, lane) for lane in store.lanes(run.run_id)]
+
+
+def _host_load(means: Mapping[str, float | None], machine: Mapping[str, Any]) -> HostLoad:
+    cores = machine.get("cpu_cores_total") or machine.get("cpus") or 1
+    busy, tree = means.get("cpu_pct"), means.get("tree_cpu_pct")
+    other = None
+    if busy is not None and tree is not None:  # the machine's busy cores less the run's own
+        other = max(0.0, busy / 100 * cores - tree / 100)
+    return HostLoad(
+        cpu_pct=busy,
+        iowait_pct=means.get("iowait_pct"),
+        steal_pct=means.get("steal_pct"),
+        disk_read_mib_s=means.get("disk_read_mib_s"),
+        other_cores=other,
+        machine_cores=int(cores),
+    )
+
+
+def _dali_decoder(dali: Mapping[str, Any], lane: LaneRecord) -> str:
+    asked = dali.get("decoder")
+    return str(asked) if asked else ("cpu" if lane.gpu_index is None else "mixed")

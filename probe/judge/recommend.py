@@ -1,0 +1,292 @@
+"""Recommendations: ranked, exact changes, each with the images/s it is predicted to give and how
+that was predicted. `recommend` answers one run's verdicts, estimating where nothing was
+measured (and saying so), or reading a sweep where one is known; `recommend_measured` answers a
+doctor's session from what its sweep and its DALI run measured."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from probe.judge.changes import (
+    MEASURE_AGAIN,
+    NO_CHANGE,
+    STORAGE,
+    Change,
+    Knob,
+    Recommendation,
+    to_dali,
+    workers,
+)
+from probe.judge.epochs import epoch_fixes
+from probe.judge.facts import LaneFacts
+from probe.judge.knee import SweepAnalysis, SweepPoint
+from probe.judge.results import DaliRun
+from probe.judge.thresholds import DALI_WORTH_IT, KNEE_WITHIN
+from probe.judge.verdicts import STARVED, Verdict, VerdictKind, rank
+from probe.metrics import IMAGES_PER_S
+from probe.steady import MIN_BLOCKS, Estimate, above, plus_minus
+
+
+def recommend(
+    facts: Sequence[LaneFacts],
+    verdicts: Sequence[Verdict],
+    findings: Sequence[Verdict] = (),
+    sweep: SweepAnalysis | None = None,
+) -> list[Recommendation]:
+    """Recommendations from one run: estimates, and said to be; where `sweep` (of the same
+    lanes and knob) is known, a new setting is one it measured, never one past its best."""
+    lane, verdict = max(zip(facts, verdicts, strict=True), key=lambda item: rank(item[1]))
+    if not verdict.reliable:
+        return [_measure_again()]
+    out: list[Recommendation] = []
+    if verdict.kind is VerdictKind.FED:
+        out.append(
+            Recommendation(
+                "compute-bound: the pipeline keeps up, and DALI would not help",
+                NO_CHANGE,
+                sum(f.figures.images_per_s for f in facts),
+                "measured in this run",
+            )
+        )
+    if verdict.kind is VerdictKind.STARVED_CPU_HEADROOM and lane.backend == "torch":
+        if sweep is not None and sweep.knob == Knob.NUM_WORKERS.value:
+            out += _measured_workers(lane, sweep, len(facts))
+        else:
+            out.append(_estimated_workers(lane))
+    if verdict.kind is VerdictKind.DALI_THREADS_SATURATED:
+        out += _more_threads(lane)
+    if any(v.kind is VerdictKind.EPOCH_START_STALL for v in [*verdicts, *findings]):
+        out += epoch_fixes(facts)
+    if verdict.kind in STARVED - {VerdictKind.IO_BOUND, VerdictKind.EPOCH_START_STALL} and (
+        lane.backend == "torch"
+    ):
+        out += _transfer_fixes(lane)
+        # Not for a loader held by something unmeasured: DALI is no answer to an unknown.
+        if verdict.kind in (VerdictKind.STARVED_CPU_SATURATED, VerdictKind.MAIN_PROCESS_BOUND):
+            out.append(_to_dali_estimate(lane))
+    if verdict.kind is VerdictKind.IO_BOUND:
+        out.append(
+            Recommendation(
+                "faster storage or a local copy of the data: the loader waits for reads, and "
+                "DALI will not fix storage",
+                STORAGE,
+                None,
+                "not predicted: storage is outside the pipeline",
+            )
+        )
+    if verdict.kind is VerdictKind.DALI_DECODER_SATURATED:
+        out.append(
+            Recommendation(
+                "send fewer JPEGs to the hardware decoder and more to nvJPEG on the SMs",
+                Change(Knob.HW_DECODER_LOAD, 0.5),
+                None,
+                "not predicted: the split between the decoders is not measured apart",
+            )
+        )
+    return sorted(out, key=lambda r: -(r.predicted_images_per_s or 0.0))
+
+
+def _measure_again(
+    why: str = ", so what more workers or DALI would give cannot be told from these figures",
+) -> Recommendation:
+    return Recommendation(
+        f"measure again on a quiet host: other processes took CPU the pipeline needs{why}",
+        MEASURE_AGAIN,
+        None,
+        "not predicted: the figures are not trusted",
+    )
+
+
+def _estimated_workers(lane: LaneFacts) -> Recommendation:
+    """More workers, from this run alone: its images/s per worker times workers, enough for
+    the consumer and at most the cores per lane. Throughput flattens, and may fall, before the
+    cores run out: said, with what measures it."""
+    workers_now = max(lane.num_workers or 1, 1)
+    per_worker = lane.figures.images_per_s / workers_now
+    wanted = lane.consumer_images_per_s or lane.figures.images_per_s * 2
+    needed = math.ceil(wanted / per_worker) if per_worker > 0 else workers_now * 2
+    target = int(min(max(needed, workers_now + 1), lane.cores_per_lane))
+    predicted = per_worker * target
+    if lane.consumer_images_per_s is not None:
+        predicted = min(predicted, lane.consumer_images_per_s)
+    return Recommendation(
+        f"raise num_workers from {workers_now} to {target}",
+        workers(target),
+        predicted,
+        f"estimated, not measured: {per_worker:,.0f} images/s per worker times workers, bounded "
+        f"by the {lane.cores_per_lane_text} and at most the consumer's own rate (min(pipeline, "
+        "consumer)); workers stop adding long before that bound on many hosts: `probe sweep` "
+        "measures the knee",
+    )
+
+
+def _measured_workers(lane: LaneFacts, sweep: SweepAnalysis, lanes: int) -> list[Recommendation]:
+    """More workers, as a sweep of these lanes measured them: the fewest past the lane's own
+    that give what the consumers take (else the knee), never past the best; none where the
+    lane's own setting was measured to give that already, or more were not measured to help."""
+    workers_now = lane.num_workers or 0
+    consumer = lane.consumer_images_per_s
+    wanted = sweep.best.estimate if consumer is None else Estimate(consumer * lanes, None, 0)
+    if any(p.setting <= workers_now and sweep.gives(p, wanted) for p in sweep.points):
+        return []  # as many workers, or fewer, give it already: what holds it is not them
+    point = sweep.reaching(wanted, workers_now)
+    if point is None:
+        return []
+    predicted, error = point.images_per_s, point.images_per_s_error
+    if consumer is not None and consumer * lanes < predicted:
+        predicted, error = consumer * lanes, None
+    return [
+        Recommendation(
+            f"raise num_workers from {workers_now} to {point.setting}",
+            workers(point.setting),
+            predicted,
+            f"measured in a sweep: num_workers={point.setting} gave "
+            f"{IMAGES_PER_S.text(point.images_per_s, point.images_per_s_error)}"
+            f"{f' (run {point.run_id})' if point.run_id else ''}, the best "
+            f"{IMAGES_PER_S.text(sweep.best.images_per_s)} at num_workers={sweep.best.setting}; "
+            "at most the consumer's own rate",
+            predicted_error=error,
+        )
+    ]
+
+
+def _more_threads(lane: LaneFacts) -> list[Recommendation]:
+    threads = lane.num_threads or 1
+    target = int(min(threads * 2, lane.cores_per_lane))
+    if target <= threads:
+        return []
+    predicted = lane.figures.images_per_s * target / threads
+    if lane.consumer_images_per_s is not None:
+        predicted = min(predicted, lane.consumer_images_per_s)
+    return [
+        Recommendation(
+            f"raise DALI num_threads from {threads} to {target}",
+            Change(Knob.NUM_THREADS, target),
+            predicted,
+            f"estimated, not measured: images/s per thread times threads, bounded by the "
+            f"{lane.cores_per_lane_text} and at most the consumer's own rate",
+        )
+    ]
+
+
+def _transfer_fixes(lane: LaneFacts) -> list[Recommendation]:
+    basis = "not predicted: the copy's share of the wait is not measured apart"
+    out = []
+    if lane.on_gpu and lane.pin_memory is False:
+        out.append(
+            Recommendation(
+                "pin the host buffers, so that copies to the GPU run asynchronously",
+                Change(Knob.PIN_MEMORY, True),
+                None,
+                basis,
+            )
+        )
+    if lane.output_dtype == "float32" and lane.on_gpu:
+        out.append(
+            Recommendation(
+                "hand over uint8 pixels and normalize on the device (4x less traffic)",
+                Change(Knob.OUTPUT_DTYPE, "uint8"),
+                None,
+                basis,
+            )
+        )
+    return out
+
+
+def _to_dali_estimate(lane: LaneFacts) -> Recommendation:
+    decoder = "mixed" if lane.on_gpu else "cpu"
+    where = "nvJPEG and the hardware decoder" if decoder == "mixed" else "its CPU decoder"
+    return Recommendation(
+        f"move decoding to DALI ({where})",
+        to_dali(decoder, min(8, max(1, int(lane.cores_per_lane)))),
+        lane.consumer_images_per_s,
+        "estimated: at best the consumer's own rate, if DALI keeps up; `probe doctor` measures it",
+    )
+
+
+def recommend_measured(
+    analysis: SweepAnalysis,
+    baseline: SweepPoint,
+    verdict: Verdict,
+    dali: DaliRun | None = None,
+    dali_notes: Sequence[str] = (),
+) -> list[Recommendation]:
+    """A doctor's recommendations, from what its sweep of num_workers measured around your
+    setting (`baseline`): the knee, within KNEE_WITHIN of the best measured; and DALI where it
+    measured significantly more than DALI_WORTH_IT above the best DataLoader setting, with
+    `dali_notes` (what it frees and costs)."""
+    if not verdict.reliable:
+        return [_measure_again(" while it measured, so which setting is best cannot be told")]
+    knee = analysis.knee
+    out: list[Recommendation] = []
+    if knee.setting == baseline.setting:
+        action = "no change: num_workers is at the knee of the sweep"
+        if verdict.kind is VerdictKind.FED:
+            action = "no change: compute-bound; the DataLoader keeps up and DALI would not help"
+        out.append(_measured(action, baseline))
+    elif knee.setting < baseline.setting:
+        action = (
+            f"lower num_workers from {baseline.setting} to {knee.setting}: as fast within "
+            f"{KNEE_WITHIN:.0%} and its error, with fewer processes and less CPU"
+        )
+        out.append(_measured(action, knee))
+    else:
+        action = (
+            f"raise num_workers from {baseline.setting} to {knee.setting}: the smallest "
+            f"setting within {KNEE_WITHIN:.0%} of the best measured"
+        )
+        out.append(_measured(action, knee))
+    if dali is not None and dali_worth_it(analysis, dali):
+        assert dali.images_per_s is not None  # judged
+        out.insert(
+            0,
+            Recommendation(
+                "move decoding and augmentation to DALI",
+                dali.change,
+                dali.images_per_s,
+                f"measured in the DALI run {dali.run_id}",
+                notes=tuple(dali_notes),
+                predicted_error=dali.images_per_s_error,
+            ),
+        )
+    return out
+
+
+def _measured(action: str, point: SweepPoint) -> Recommendation:
+    return Recommendation(
+        action,
+        workers(point.setting),
+        point.images_per_s,
+        f"measured in the sweep, run {point.run_id}",
+        predicted_error=point.images_per_s_error,
+    )
+
+
+def dali_worth_it(analysis: SweepAnalysis, dali: DaliRun) -> bool:
+    """Whether DALI measured significantly more than DALI_WORTH_IT above the best DataLoader
+    setting (beyond both errors and the drift between runs)."""
+    if not dali.judged or dali.images_per_s is None:
+        return False
+    measured = Estimate(dali.images_per_s, dali.images_per_s_error, MIN_BLOCKS)
+    return above(measured, 1 + DALI_WORTH_IT, analysis.best.estimate)
+
+
+def dali_advice(analysis: SweepAnalysis, dali: DaliRun, verdict: Verdict) -> str | None:
+    """Why DALI is not recommended, where it was measured and does not help (None where it
+    was not measured, or is recommended)."""
+    if not dali.judged or dali.images_per_s is None or dali_worth_it(analysis, dali):
+        return None
+    best = analysis.best
+    gain = dali.images_per_s / best.images_per_s - 1 if best.images_per_s > 0 else 0.0
+    shown = plus_minus(dali.images_per_s, dali.images_per_s_error)
+    if verdict.kind is VerdictKind.FED:
+        return (
+            f"DALI would not help: the DataLoader feeds the GPU (compute-bound); DALI measured "
+            f"{shown} images/s, {gain:+.0%} on num_workers={best.setting}"
+        )
+    return (
+        f"DALI measured {shown} images/s, {gain:+.0%} on the best DataLoader setting "
+        f"(num_workers={best.setting}, {plus_minus(best.images_per_s, best.images_per_s_error)}"
+        f"): not significantly more than the {DALI_WORTH_IT:.0%} a migration should gain"
+    )

@@ -1,0 +1,353 @@
+"""A sweep's or a doctor's result, typed: `Session` holds its measured points in one field
+(`points`) whichever it was, with its knee, what it skipped, and for the doctor its verdict,
+recommendations, DALI run, epoch reading and verification.
+
+`Session.to_json()` is the stored and printed document (`feedscope.sweep/1`: its points under
+"points"; `feedscope.doctor/1`: under "sweep"); `session_of(document)` reads either back, so
+that readers need not tell the schemas apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from enum import Enum
+from typing import Any
+
+from probe.judge.changes import Change, Recommendation, to_dali, workers
+from probe.judge.knee import SweepAnalysis, SweepPoint
+from probe.judge.verdicts import Verdict
+from probe.metrics import EpochStartCost
+from probe.records import RunStatus
+
+SWEEP_SCHEMA = "feedscope.sweep/1"
+DOCTOR_SCHEMA = "feedscope.doctor/1"
+
+
+class SessionKind(str, Enum):
+    SWEEP = "sweep"
+    DOCTOR = "doctor"
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A setting a session did not measure, and why."""
+
+    setting: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class DaliRun:
+    """The doctor's DALI run: its images/s, or why there is none; where DALI does not help,
+    the advice that says so."""
+
+    decoder: str  # "mixed" or "cpu"
+    num_threads: int
+    images_per_s: float | None = None
+    images_per_s_error: float | None = None
+    run_id: str | None = None
+    data_wait_frac: float | None = None
+    host_busy: bool = False
+    reason: str | None = None  # why it has no images/s, or is not judged
+    advice: str | None = None
+
+    @property
+    def change(self) -> Change:
+        """The migration to the pipeline it ran."""
+        return to_dali(self.decoder, self.num_threads)
+
+    @property
+    def judged(self) -> bool:
+        """Whether it measured images/s well enough to compare."""
+        return bool(self.images_per_s) and self.reason is None
+
+    def to_json(self) -> dict[str, Any]:
+        out = {
+            "images_per_s": self.images_per_s,
+            "images_per_s_error": self.images_per_s_error,
+            "setting": self.change.setting,
+            "run_id": self.run_id,
+            "data_wait_frac": self.data_wait_frac,
+            "host_busy": self.host_busy,
+            "reason": self.reason,
+        }
+        return out if self.advice is None else {**out, "advice": self.advice}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> DaliRun:
+        # its setting is "DALI decoder=D num_threads=N"
+        words = dict(part.split("=", 1) for part in str(data["setting"]).split()[1:])
+        return cls(
+            decoder=words["decoder"],
+            num_threads=int(words["num_threads"]),
+            images_per_s=data["images_per_s"],
+            images_per_s_error=data.get("images_per_s_error"),
+            run_id=data.get("run_id"),
+            data_wait_frac=data.get("data_wait_frac"),
+            host_busy=bool(data.get("host_busy", False)),
+            reason=data.get("reason"),
+            advice=data.get("advice"),
+        )
+
+
+@dataclass(frozen=True)
+class EpochsRun:
+    """Your setting read epoch by epoch, against the same setting read as one stream; or why
+    it was not read so."""
+
+    num_workers: int
+    batches_per_epoch: int
+    persistent_workers: bool
+    stream_images_per_s: float
+    reason: str | None
+    run_id: str | None = None
+    images_per_s: float | None = None
+    images_per_s_error: float | None = None
+    cost_frac: float | None = None  # of the stream's images/s
+    epoch_start: EpochStartCost | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "setting": workers(self.num_workers).setting,
+            "batches_per_epoch": self.batches_per_epoch,
+            "persistent_workers": self.persistent_workers,
+            "run_id": self.run_id,
+            "images_per_s": self.images_per_s,
+            "images_per_s_error": self.images_per_s_error,
+            "stream_images_per_s": self.stream_images_per_s,
+            "cost_frac": self.cost_frac,
+            "epoch_start": None if self.epoch_start is None else asdict(self.epoch_start),
+            "reason": self.reason,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> EpochsRun:
+        start = data.get("epoch_start")
+        return cls(
+            num_workers=int(data["setting"].split("=")[1]),
+            batches_per_epoch=data["batches_per_epoch"],
+            persistent_workers=data["persistent_workers"],
+            stream_images_per_s=data["stream_images_per_s"],
+            reason=data.get("reason"),
+            run_id=data.get("run_id"),
+            images_per_s=data.get("images_per_s"),
+            images_per_s_error=data.get("images_per_s_error"),
+            cost_frac=data.get("cost_frac"),
+            epoch_start=None if start is None else EpochStartCost(**start),
+        )
+
+
+@dataclass(frozen=True)
+class Verification:
+    """The first recommendation run again: what it predicted, what it measured, and whether
+    the two agree within their errors and the drift between runs."""
+
+    change: Change
+    predicted_images_per_s: float
+    predicted_images_per_s_error: float | None
+    measured_images_per_s: float
+    measured_images_per_s_error: float | None
+    agrees: bool
+    host_busy: bool
+    run_id: str
+
+    @property
+    def error_frac(self) -> float | None:
+        predicted = self.predicted_images_per_s
+        return (self.measured_images_per_s - predicted) / predicted if predicted else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "setting": self.change.setting,
+            "predicted_images_per_s": self.predicted_images_per_s,
+            "predicted_images_per_s_error": self.predicted_images_per_s_error,
+            "measured_images_per_s": self.measured_images_per_s,
+            "measured_images_per_s_error": self.measured_images_per_s_error,
+            "error_frac": self.error_frac,
+            "agrees": self.agrees,
+            "host_busy": self.host_busy,
+            "run_id": self.run_id,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], change: Change) -> Verification:
+        return cls(
+            change=change,
+            predicted_images_per_s=data["predicted_images_per_s"],
+            predicted_images_per_s_error=data.get("predicted_images_per_s_error"),
+            measured_images_per_s=data["measured_images_per_s"],
+            measured_images_per_s_error=data.get("measured_images_per_s_error"),
+            agrees=data["agrees"],
+            host_busy=bool(data.get("host_busy", False)),
+            run_id=data["run_id"],
+        )
+
+
+@dataclass(frozen=True)
+class Session:
+    """A sweep or a doctor session, as it ended. Fields a kind does not have stay empty."""
+
+    kind: SessionKind
+    session_id: str
+    status: RunStatus
+    reason: str | None
+    created: str
+    consumer: str
+    budget_s: float
+    elapsed_s: float
+    knob: str = "num_workers"  # the doctor's is always num_workers
+    points: tuple[SweepPoint, ...] = ()  # judged ones, by setting
+    best: SweepPoint | None = None
+    knee: SweepPoint | None = None
+    oversubscribed: tuple[int, ...] = ()
+    skipped: tuple[Skipped, ...] = ()
+    run_ids: tuple[str, ...] = ()
+    precision: float | None = None
+    startup_s: float | None = None  # the lanes' start and the consumer timed alone
+    consumer_alone: Mapping[str, Any] | None = None
+    pipeline: str | None = None  # a sweep's: "torch" or "dali"
+    read: str | None = None  # a sweep's
+    consumer_note: str | None = None  # the doctor's, from here on
+    lanes: int | None = None
+    devices: tuple[str, ...] = ()
+    verdict: Verdict | None = None  # None: the doctor had nothing to answer on
+    verdict_run_id: str | None = None  # the run of your setting the verdict is about
+    recommendations: tuple[Recommendation, ...] = ()
+    dali: DaliRun | None = None
+    epochs: EpochsRun | None = None
+    verify: Verification | None = None
+
+    @property
+    def host_busy(self) -> list[int]:
+        """The settings measured while the host's other load could have moved them."""
+        return sorted(p.setting for p in self.points if p.host_busy)
+
+    @property
+    def answered(self) -> bool:
+        """Whether a doctor measured your setting, and so has a verdict (a sweep: always)."""
+        return self.kind is SessionKind.SWEEP or self.verdict is not None
+
+    def to_json(self) -> dict[str, Any]:
+        """The session's document, as stored and as `--json` prints it."""
+        head = {
+            "schema": DOCTOR_SCHEMA if self.kind is SessionKind.DOCTOR else SWEEP_SCHEMA,
+            "session_id": self.session_id,
+            "status": self.status.value,
+            "reason": self.reason,
+            "created": self.created,
+        }
+        points = [p.to_json(self.knob) for p in self.points]
+        knee = None if self.knee is None else self.knee.to_json(self.knob)
+        skipped = [asdict(s) for s in self.skipped]
+        alone = None if self.consumer_alone is None else dict(self.consumer_alone)
+        if self.kind is SessionKind.SWEEP:
+            return {
+                **head, "pipeline": self.pipeline, "consumer": self.consumer, "read": self.read,
+                "precision": self.precision, "budget_s": self.budget_s,
+                "elapsed_s": self.elapsed_s, "startup_s": self.startup_s, "consumer_alone": alone,
+                "knob": self.knob, "points": points,
+                "best": None if self.best is None else self.best.to_json(self.knob),
+                "knee": knee, "oversubscribed": list(self.oversubscribed), "skipped": skipped,
+                "host_busy": self.host_busy, "run_ids": list(self.run_ids),
+            }  # fmt: skip
+        if self.verdict is None:
+            return {
+                **head, "consumer": self.consumer, "verdict": None, "recommendations": [],
+                "sweep": points, "knee": knee, "skipped": skipped, "dali": None, "epochs": None,
+                "verify": None, "budget_s": self.budget_s, "elapsed_s": self.elapsed_s,
+                "run_ids": list(self.run_ids),
+            }  # fmt: skip
+        return {
+            **head, "consumer": self.consumer, "consumer_note": self.consumer_note,
+            "lanes": self.lanes, "devices": list(self.devices), "precision": self.precision,
+            "budget_s": self.budget_s, "elapsed_s": self.elapsed_s, "startup_s": self.startup_s,
+            "consumer_alone": alone,
+            "verdict": {**self.verdict.to_json(), "run_id": self.verdict_run_id},
+            "recommendations": [r.to_json() for r in self.recommendations],
+            "sweep": points, "knee": knee, "oversubscribed": list(self.oversubscribed),
+            "skipped": skipped, "host_busy": self.host_busy,
+            "dali": None if self.dali is None else self.dali.to_json(),
+            "epochs": None if self.epochs is None else self.epochs.to_json(),
+            "verify": None if self.verify is None else self.verify.to_json(),
+            "run_ids": list(self.run_ids),
+        }  # fmt: skip
+
+    @classmethod
+    def from_json(cls, document: Mapping[str, Any]) -> Session:
+        """A session from its document, sweep or doctor."""
+        doctor = str(document["schema"]).startswith("feedscope.doctor")
+        knob = "num_workers" if doctor else document.get("knob", "num_workers")
+        points = tuple(SweepPoint.from_json(p, knob) for p in document["sweep" if doctor else
+                                                                         "points"])  # fmt: skip
+        by_setting = {p.setting: p for p in points}
+
+        def point(data: Mapping[str, Any] | None) -> SweepPoint | None:
+            if data is None:
+                return None
+            return by_setting.get(data[knob]) or SweepPoint.from_json(data, knob)
+
+        verdict = document.get("verdict")
+        recommendations = tuple(Recommendation.from_json(r) for r in document["recommendations"]
+                                ) if doctor else ()  # fmt: skip
+        verify = document.get("verify")
+        return cls(
+            kind=SessionKind.DOCTOR if doctor else SessionKind.SWEEP,
+            session_id=document["session_id"],
+            status=RunStatus(document["status"]),
+            reason=document.get("reason"),
+            created=document["created"],
+            consumer=document["consumer"],
+            budget_s=document["budget_s"],
+            elapsed_s=document["elapsed_s"],
+            knob=knob,
+            points=points,
+            best=point(document.get("best")) or _best(points),
+            knee=point(document.get("knee")),
+            oversubscribed=tuple(document.get("oversubscribed", ())),
+            skipped=tuple(Skipped(s["setting"], s["reason"]) for s in document["skipped"]),
+            run_ids=tuple(document["run_ids"]),
+            precision=document.get("precision"),
+            startup_s=document.get("startup_s"),
+            consumer_alone=document.get("consumer_alone"),
+            pipeline=document.get("pipeline"),
+            read=document.get("read"),
+            consumer_note=document.get("consumer_note"),
+            lanes=document.get("lanes"),
+            devices=tuple(document.get("devices", ())),
+            verdict=None if verdict is None else Verdict.from_json(verdict),
+            verdict_run_id=None if verdict is None else verdict.get("run_id"),
+            recommendations=recommendations,
+            dali=None if document.get("dali") is None else DaliRun.from_json(document["dali"]),
+            epochs=None
+            if document.get("epochs") is None
+            else EpochsRun.from_json(document["epochs"]),
+            verify=None
+            if verify is None
+            else Verification.from_json(verify, _verified(verify, recommendations)),
+        )
+
+    def analysis(self) -> SweepAnalysis | None:
+        """Its points as a sweep analysis (None without a judged point), with the knee and the
+        oversubscribed settings it concluded."""
+        if self.best is None or self.knee is None:
+            return None
+        over = tuple(p for p in self.points if p.setting in set(self.oversubscribed))
+        return SweepAnalysis(self.knob, self.points, self.best, self.knee, over)
+
+
+def session_of(document: Mapping[str, Any]) -> Session:
+    """A stored sweep or doctor document, typed (`Session.from_json`)."""
+    return Session.from_json(document)
+
+
+def _best(points: tuple[SweepPoint, ...]) -> SweepPoint | None:
+    return max(points, key=lambda p: p.images_per_s) if points else None
+
+
+def _verified(verify: Mapping[str, Any], recommendations: tuple[Recommendation, ...]) -> Change:
+    """The change a verification ran: the recommendation it verified (the first)."""
+    for item in recommendations:
+        if item.setting == verify["setting"]:
+            return item.change
+    return Change(None, verify["setting"])

@@ -1,0 +1,257 @@
+"""Measuring several settings on lanes kept warm, under one time budget: what sweeps and the
+doctor share.
+
+A session starts its lanes once (`probe.measure.runner.Lanes`): each consumer is built, tuned and
+timed alone once, and each point after that rebuilds only the pipeline. A point is a stored run,
+measured until its images/s is known within the precision asked (or MAX_POINT_S). The budget
+drops the points it cannot fit at that quality, and says which, rather than measuring them less.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import socket
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from pipelines import Backend, Decoder, InputError
+from probe.judge.changes import Change, DaliPipeline, Knob
+from probe.judge.facts import run_facts
+from probe.judge.knee import SweepPoint
+from probe.judge.results import Session, Skipped
+from probe.measure.config import Checked, ProbeConfig
+from probe.measure.consumers import ConsumerKind
+from probe.measure.runner import Lanes
+from probe.records import RunStatus, SessionRecord
+from probe.store.db import Store
+from probe.store.documents import RunDocument, read_run
+
+MAX_POINT_S = 20.0  # a point measures at most this long, precise or not
+POINT_GUESS_S = 5.0  # a point's cost (pipeline start, warm-up, measuring), until one is timed
+
+# What a session tells as it goes: ("start", {"label", "max_s"}) before a run, ("run",
+# RunDocument) after it, ("point", {"knob", and the SweepPoint's fields}) once it is judged.
+OnEvent = Callable[[str, Any], None]
+
+
+def startup_guess(config: ProbeConfig) -> float:
+    """Seconds to start a session's lanes, before they have been timed: the process and torch,
+    CUDA on a GPU, a model built and tuned, the consumer timed alone."""
+    on_gpu = any(plan.device is not None for plan in config.lanes)
+    model = config.consumer.kind is ConsumerKind.MODEL
+    return 6.0 + (6.0 if on_gpu else 0.0) + (15.0 if model else 0.0)
+
+
+def check_budget(budget_s: float, points: int, config: ProbeConfig, what: str) -> None:
+    """Raises InputError if `budget_s` cannot fit `points` trustworthy points, with the least
+    that would."""
+    startup = startup_guess(config)
+    least = startup + points * POINT_GUESS_S
+    if not budget_s >= least:
+        count = "one trustworthy point" if points == 1 else f"{points} trustworthy points"
+        precision = f"±{config.precision:.0%}" if config.precision else "its precision"
+        raise InputError(
+            f"--budget {budget_s:g} s cannot fit {count} for {what}: starting the lanes takes "
+            f"about {startup:.0f} s, and a point measured to {precision} about "
+            f"{POINT_GUESS_S:.0f} s; give --budget {math.ceil(least)} or more"
+        )
+
+
+class Budget:
+    """A session's seconds: the lanes' start-up, then points, each costing its pipeline's start,
+    its warm-up and its measuring. A point that cannot fit is dropped, never shortened."""
+
+    def __init__(self, total_s: float, started: float | None = None) -> None:
+        self.total_s = total_s
+        self.started = time.monotonic() if started is None else started
+        self.point_costs: list[float] = []
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def remaining(self) -> float:
+        return self.total_s - self.elapsed()
+
+    def point_cost(self) -> float:
+        """What a point costs: the median of those timed so far, or a first guess."""
+        return statistics.median(self.point_costs) if self.point_costs else POINT_GUESS_S
+
+    def fits(self, reserve: int = 0) -> bool:
+        """Whether a point fits, with `reserve` more points' worth left over for later."""
+        return self.remaining() >= (1 + reserve) * self.point_cost()
+
+    def ran(self, seconds: float) -> None:
+        self.point_costs.append(seconds)
+
+
+def with_setting(config: ProbeConfig, knob: str, value: int) -> ProbeConfig:
+    """The same probe with `num_workers` (DataLoader) or `num_threads` (DALI) set to `value`."""
+    spec = config.spec
+    if knob == Knob.NUM_WORKERS.value:
+        spec = replace(spec, dataloader=replace(spec.dataloader, num_workers=value))
+        return replace(config, backend=Backend.TORCH, spec=spec, label=f"num_workers={value}")
+    spec = replace(spec, dali=replace(spec.dali, num_threads=value))
+    return replace(config, backend=Backend.DALI, spec=spec, label=f"DALI num_threads={value}")
+
+
+def with_change(config: ProbeConfig, change: Change) -> ProbeConfig | None:
+    """The same probe with `change` made (None: not a change of the worker count nor a move to
+    DALI, which a session cannot run)."""
+    if change.knob is Knob.NUM_WORKERS and isinstance(change.value, int):
+        return with_setting(config, Knob.NUM_WORKERS.value, change.value)
+    if change.knob is Knob.PIPELINE and isinstance(change.value, DaliPipeline):
+        config = with_setting(config, Knob.NUM_THREADS.value, change.value.num_threads)
+        dali = config.spec.dali
+        on_gpu = config.lanes[0].device is not None
+        decoder = dali.decoder.value if dali.decoder else "mixed" if on_gpu else "cpu"
+        if decoder != change.value.decoder:
+            dali = replace(dali, decoder=Decoder(change.value.decoder))
+            config = replace(config, spec=replace(config.spec, dali=dali))
+        return config
+    return None
+
+
+def point_of(store: Store, document: RunDocument, setting: int) -> SweepPoint:
+    """A run as a sweep point: images/s over all lanes (errors added in quadrature), the worst
+    lane's data-wait, the lanes' CPU, and whether the host's other load could have moved it."""
+    worst = document.worst_lane
+    completed = document.status == RunStatus.COMPLETED.value
+    return SweepPoint(
+        setting=setting,
+        images_per_s=document.images_per_s if completed else 0.0,
+        data_wait_frac=document.data_wait_frac,
+        cpu_pct=document.cpu_pct,
+        run_id=document.run_id,
+        images_per_s_error=document.images_per_s_error,
+        blocks=min((lane.figures.blocks for lane in document.lanes), default=0),
+        data_wait_frac_error=None if worst is None else worst.figures.data_wait_frac_error,
+        host_busy=any(f.host_busy for f in run_facts(store, document.run_id)),
+    )
+
+
+@dataclass
+class WarmSession:
+    """A session's lanes kept warm, its store and its budget: measures one point at a time."""
+
+    store: Store
+    kind: str  # "sweep" or "doctor"
+    stop: threading.Event
+    on_event: OnEvent
+    lanes: Lanes
+    checked: Checked
+    budget: Budget
+    run_ids: list[str] = field(default_factory=list)
+    startup_s: float | None = None  # the lanes' start and the consumer timed alone
+
+    def __post_init__(self) -> None:
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+        self.session_id = f"{self.kind}-{stamp}-{secrets.token_hex(2)}"
+        self.created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+    def save(self, session: Session) -> None:
+        self.store.save_session(
+            SessionRecord(
+                session_id=self.session_id,
+                kind=self.kind,
+                created=self.created,
+                status=session.status,
+                reason=session.reason,
+                hostname=socket.gethostname(),
+                pid=None,
+                document=session.to_json(),
+            )
+        )
+
+    def measure(self, config: ProbeConfig) -> RunDocument | None:
+        """Measures one point on the warm lanes; its run (None: stopped before)."""
+        if self.stop.is_set():
+            return None
+        cap = min(MAX_POINT_S, max(1.0, self.budget.remaining()))
+        config = replace(config, batches=None, duration_s=None, max_s=cap)
+        self.on_event("start", {"label": config.label, "max_s": cap})
+        started = time.monotonic()
+        run_id = self.lanes.measure(config, self.store, self.checked, session_id=self.session_id)
+        self.run_ids.append(run_id)
+        document = read_run(self.store, run_id)
+        wall = time.monotonic() - started
+        if self.startup_s is None:  # the first point also started the lanes
+            self.startup_s = max(
+                (lane.figures.startup_s or 0.0)
+                + ((lane.figures.consumer_alone or {}).get("seconds") or 0.0)
+                for lane in document.lanes
+            )
+            wall = max(0.0, wall - self.startup_s)
+        self.budget.ran(wall)
+        self.on_event("run", document)
+        return document
+
+    def consumer_alone(self) -> dict[str, Any] | None:
+        """The consumer alone (lane 0's), as the lanes measured it once."""
+        return self.lanes.consumer_alone.get(min(self.lanes.plans), None)
+
+
+class Points:
+    """The points of one knob measured so far, and those not measured, with why."""
+
+    def __init__(self, session: WarmSession, base: ProbeConfig, knob: str) -> None:
+        self.session, self.base, self.knob = session, base, knob
+        self.measured: dict[int, SweepPoint] = {}
+        self.skipped: list[Skipped] = []
+
+    def skip(self, values: list[int], reason: str) -> None:
+        self.skipped += [Skipped(v, reason) for v in values]
+
+    def best(self) -> SweepPoint:
+        return max(self.measured.values(), key=lambda p: p.images_per_s)
+
+    def tried(self) -> set[int]:
+        """The settings measured or skipped."""
+        return {item.setting for item in self.skipped} | set(self.measured)
+
+    def measure(self, value: int, reserve: int) -> SweepPoint | None:
+        """Measures the setting if the budget fits it with `reserve` points left over."""
+        session = self.session
+        if session.stop.is_set():
+            self.skip([value], "interrupted")
+            return None
+        if not session.budget.fits(reserve):
+            precision = self.base.precision or 0.0
+            self.skip([value], f"the budget cannot fit it measured to ±{precision:.0%}")
+            return None
+        document = session.measure(with_setting(self.base, self.knob, value))
+        if document is None or document.status == RunStatus.INTERRUPTED.value:
+            self.skip([value], "interrupted")
+            return None
+        if document.status == RunStatus.FAILED.value:
+            self.skip([value], f"the run failed: {document.reason}")
+            return None
+        point = point_of(session.store, document, value)
+        if not point.estimate.judged:
+            self.skip([value], f"too few batches to judge ({point.blocks} blocks)")
+            return None
+        self.measured[value] = point
+        session.on_event("point", {"knob": self.knob, **vars(point)})
+        return point
+
+    def status(self) -> tuple[RunStatus, str | None]:
+        """How the session ended: interrupted, failed (no point judged), or completed, partly
+        where the budget dropped points or runs failed."""
+        if self.session.stop.is_set():
+            return RunStatus.INTERRUPTED, "stopped before its end (interrupted)"
+        if not self.measured:
+            return RunStatus.FAILED, "no setting was measured well enough to judge"
+        dropped = sorted(
+            {
+                s.reason
+                for s in self.skipped
+                if s.reason.startswith(("the budget", "the run failed"))
+            }
+        )
+        if dropped:
+            return RunStatus.COMPLETED, "partial: " + "; ".join(dropped)
+        return RunStatus.COMPLETED, None

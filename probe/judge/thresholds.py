@@ -1,0 +1,47 @@
+"""The judging rules' thresholds, each with its reason, and the severity they give data-wait.
+
+Starvation is the share of batch time the consumer waits for data (`probe.metrics.wait_share`);
+TensorFlow's input-pipeline analyzer calls >= 20% highly and >= 5% moderately input-bound, and
+so does this.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+WAIT_HIGH = 0.20  # data-wait share: highly input-bound
+WAIT_MODERATE = 0.05  # moderately input-bound; below it, fed
+CPU_SATURATED_PCT = 85.0  # host busy share above which decoding has no CPU left
+THREADS_SATURATED = 0.90  # a DALI lane keeps this share of its threads' time busy: all of them
+MAIN_THREAD_BOUND_PCT = 90.0  # the training loop's thread is busy all the time
+IOWAIT_BOUND_PCT = 10.0  # share of CPU time spent waiting for the disk
+NVJPG_SATURATED_PCT = 90.0  # hardware JPEG decoder busy share
+KNEE_WITHIN = 0.05  # a sweep's knee: the smallest setting within 5% of the best
+PAST_PEAK = 0.05  # larger settings this far below the best are oversubscribed
+DALI_WORTH_IT = 0.15  # a DALI migration must gain at least 15% over the best DataLoader
+IMBALANCE = 0.15  # lanes' images/s differing by more than this share of the fastest
+STEP_STALL = 1.5  # mean step over median step: steps stall (the loop waits for CPU too)
+EPOCH_START_SHARE = 0.05  # epoch starts costing this share of the time are a finding
+LONGER_EPOCHS = 4  # "longer epochs" is predicted for epochs this many times as long
+# Other processes using this share of the host's cores (and at least OTHER_LOAD_MIN_CORES), or
+# this much steal, could have moved a CPU-bound answer: the figures are not trusted then.
+OTHER_LOAD_SHARE = 0.10
+OTHER_LOAD_MIN_CORES = 0.25
+STEAL_MOVES_PCT = 5.0
+
+
+class Severity(str, Enum):
+    HIGH = "high"
+    MODERATE = "moderate"
+    NONE = "none"
+
+
+def severity_of(data_wait_frac: float | None) -> Severity:
+    """How input-bound a data-wait share is, by WAIT_HIGH and WAIT_MODERATE."""
+    if data_wait_frac is None:
+        return Severity.NONE
+    if data_wait_frac >= WAIT_HIGH:
+        return Severity.HIGH
+    if data_wait_frac >= WAIT_MODERATE:
+        return Severity.MODERATE
+    return Severity.NONE

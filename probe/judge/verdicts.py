@@ -1,0 +1,344 @@
+"""Verdicts: whether a lane starves and why (`judge_lane`), and what only several lanes show
+(`judge_lanes`: shard imbalance, loaders sharing too few cores, epoch starts besides another
+cause). Pure functions of `LaneFacts`; each verdict carries the evidence it rests on."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from enum import Enum
+from typing import Any
+
+from probe.judge.evidence import (
+    Evidence,
+    consumer_evidence,
+    cpu_evidence,
+    epoch_evidence,
+    gpu_evidence,
+    host_load_evidence,
+    rate_evidence,
+    stall_evidence,
+    step_evidence,
+    transfer_evidence,
+    wait_evidence,
+)
+from probe.judge.facts import LaneFacts
+from probe.judge.thresholds import (
+    CPU_SATURATED_PCT,
+    EPOCH_START_SHARE,
+    IMBALANCE,
+    IOWAIT_BOUND_PCT,
+    MAIN_THREAD_BOUND_PCT,
+    NVJPG_SATURATED_PCT,
+    THREADS_SATURATED,
+    Severity,
+    severity_of,
+)
+from probe.metrics import CPU, DATA_WAIT, IMAGES_PER_S, NVJPG
+from probe.records import RunStatus
+
+
+class VerdictKind(str, Enum):
+    FED = "fed"
+    STARVED_CPU_HEADROOM = "starved_cpu_headroom"
+    STARVED_CPU_SATURATED = "starved_cpu_saturated"
+    STARVED_LOADER_LIMIT = "starved_loader_limit"
+    OVERSUBSCRIBED = "oversubscribed"
+    MAIN_PROCESS_BOUND = "main_process_bound"
+    IO_BOUND = "io_bound"
+    DALI_DECODER_SATURATED = "dali_decoder_saturated"
+    DALI_THREADS_SATURATED = "dali_threads_saturated"
+    SHARD_IMBALANCE = "shard_imbalance"
+    SHARED_CORES = "shared_cores"
+    EPOCH_START_STALL = "epoch_start_stall"
+    HOST_BUSY = "host_busy"
+    PIPELINE_ONLY = "pipeline_only"
+    UNKNOWN = "unknown"
+
+
+STARVED = frozenset(
+    {
+        VerdictKind.STARVED_CPU_HEADROOM,
+        VerdictKind.STARVED_CPU_SATURATED,
+        VerdictKind.STARVED_LOADER_LIMIT,
+        VerdictKind.OVERSUBSCRIBED,
+        VerdictKind.MAIN_PROCESS_BOUND,
+        VerdictKind.IO_BOUND,
+        VerdictKind.DALI_DECODER_SATURATED,
+        VerdictKind.DALI_THREADS_SATURATED,
+        VerdictKind.SHARED_CORES,
+        VerdictKind.EPOCH_START_STALL,
+    }
+)
+
+TITLES = {
+    VerdictKind.FED: "fed: compute-bound",
+    VerdictKind.STARVED_CPU_HEADROOM: "starved, with CPU headroom: too few workers",
+    VerdictKind.STARVED_CPU_SATURATED: (
+        "starved, with the CPU saturated: decoding needs more cores or the GPU"
+    ),
+    VerdictKind.STARVED_LOADER_LIMIT: "starved, though the CPU has room: more workers do not help",
+    VerdictKind.OVERSUBSCRIBED: "oversubscribed: more workers made it slower",
+    VerdictKind.MAIN_PROCESS_BOUND: "starved by the main process (collation, host-to-device copy)",
+    VerdictKind.IO_BOUND: "starved by storage: I/O bound",
+    VerdictKind.DALI_DECODER_SATURATED: "starved: the hardware JPEG decoder is saturated",
+    VerdictKind.DALI_THREADS_SATURATED: "starved: DALI's CPU threads are saturated",
+    VerdictKind.SHARD_IMBALANCE: "shard imbalance: some GPUs wait for the slowest",
+    VerdictKind.SHARED_CORES: "several lanes' loaders share too few cores",
+    VerdictKind.EPOCH_START_STALL: (
+        "starved at epoch starts: the loader's prefetch drains at every epoch's end"
+    ),
+    VerdictKind.HOST_BUSY: (
+        "the host was busy: other processes took CPU the pipeline needs, so these figures "
+        "cannot be trusted"
+    ),
+    VerdictKind.PIPELINE_ONLY: "the pipeline alone: its capacity (no consumer to starve)",
+    VerdictKind.UNKNOWN: "not enough measured to judge",
+}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    kind: VerdictKind
+    severity: Severity
+    data_wait_frac: float | None
+    evidence: tuple[Evidence, ...]
+    lane: int | None = None  # None: the whole run
+    partial: bool = False  # judged from a run that did not complete
+    reliable: bool = True  # False: the host's other load could have moved it
+
+    @property
+    def title(self) -> str:
+        return TITLES[self.kind]
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.update(
+            kind=self.kind.value,
+            severity=self.severity.value,
+            evidence=[asdict(e) for e in self.evidence],
+            title=self.title,
+        )
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Verdict:
+        return cls(
+            kind=VerdictKind(data["kind"]),
+            severity=Severity(data["severity"]),
+            data_wait_frac=data["data_wait_frac"],
+            evidence=tuple(Evidence.from_json(e) for e in data["evidence"]),
+            lane=data.get("lane"),
+            partial=data.get("partial", False),
+            reliable=data.get("reliable", True),
+        )
+
+
+def judge_lane(facts: LaneFacts) -> Verdict:
+    """One lane's verdict, and the numbers it rests on."""
+    partial = facts.status != RunStatus.COMPLETED.value
+    wait = facts.figures.data_wait_frac
+
+    def verdict(
+        kind: VerdictKind, severity: Severity, evidence: Iterable[Evidence], reliable: bool = True
+    ) -> Verdict:
+        return Verdict(kind, severity, wait, tuple(evidence), facts.lane, partial, reliable)
+
+    if facts.figures.batches == 0:
+        note = Evidence("batches", 0.0, f"lane {facts.lane} measured no batch ({facts.status})")
+        return Verdict(VerdictKind.UNKNOWN, Severity.NONE, None, (note,), facts.lane, True)
+    gpu = gpu_evidence(facts)
+    load = host_load_evidence(facts)
+    alone = consumer_evidence(facts)
+    if facts.consumer == "none":
+        evidence = [rate_evidence(facts), *cpu_evidence(facts), wait_evidence(facts), *gpu]
+        if facts.epoch_share >= EPOCH_START_SHARE:  # its capacity, less its epoch starts
+            evidence += epoch_evidence(facts)
+        return verdict(VerdictKind.PIPELINE_ONLY, Severity.NONE, [*evidence, *load])
+    severity = severity_of(wait)
+    if severity is Severity.NONE:  # fed even with the host's other load: that answer holds
+        evidence = [wait_evidence(facts), *gpu, *step_evidence(facts), *alone, *load]
+        return verdict(VerdictKind.FED, severity, evidence)
+    if facts.host_busy:
+        evidence = [wait_evidence(facts), *load, *cpu_evidence(facts), *gpu, *alone]
+        return verdict(VerdictKind.HOST_BUSY, severity, evidence, reliable=False)
+    if facts.epoch_stalls_most:
+        evidence = [wait_evidence(facts), *epoch_evidence(facts), *gpu, *alone]
+        return verdict(VerdictKind.EPOCH_START_STALL, severity, evidence)
+    kind, why = _cause(facts)
+    return verdict(kind, severity, [wait_evidence(facts), *gpu, *why, *alone])
+
+
+_Cause = tuple[VerdictKind, list[Evidence]] | None
+
+
+def _cause(facts: LaneFacts) -> tuple[VerdictKind, list[Evidence]]:
+    """Why a starved lane starves: the first rule whose numbers are met. When none is met, it
+    says that what holds the loader was not measured, and what to measure next."""
+    for rule in (_io_bound, _dali_limits, _main_process_bound, _cpu_limits):
+        found = rule(facts)
+        if found is not None:
+            return found
+    setting = "num_workers" if facts.backend == "torch" else "num_threads"
+    more = 2 * (facts.loaders or 1)
+    main = facts.figures.main_thread_cpu_pct
+    ruled_out = [
+        f"the training loop's thread ({'not measured' if main is None else f'{main:.0f}%'} busy)"
+    ]
+    if facts.host.iowait_pct is not None:
+        ruled_out.append(f"storage (iowait {facts.host.iowait_pct:.0f}%)")
+    if facts.host.other_cores is not None:
+        ruled_out.append(f"the host's other load ({facts.host.other_cores:.1f} cores)")
+    if facts.epoch_share < EPOCH_START_SHARE:
+        ruled_out.append(f"epoch starts ({facts.epoch_share:.1%} of the time)")
+    unknown = Evidence(
+        setting,
+        float(facts.loaders or 0),
+        f"{facts.loaders_text} for {facts.cores_per_lane_text}, yet the CPU is not saturated; "
+        f"not {', not '.join(ruled_out)}: what holds the loader is not measured here. Measure "
+        "next: the pipeline alone (--consumer none), to see what it can give, and "
+        f"{setting}={more} (`probe sweep --values {facts.loaders},{more}`), to see whether "
+        "more help",
+    )
+    return VerdictKind.STARVED_LOADER_LIMIT, [*cpu_evidence(facts), unknown, *stall_evidence(facts)]
+
+
+def _io_bound(facts: LaneFacts) -> _Cause:
+    iowait, reads = facts.host.iowait_pct, facts.host.disk_read_mib_s
+    if iowait is None or iowait < IOWAIT_BOUND_PCT:
+        return None
+    evidence = [
+        Evidence("iowait_pct", iowait,
+                 f"iowait {iowait:.0f}% of CPU time (>= {IOWAIT_BOUND_PCT:.0f}%)"),
+        Evidence("disk_read_mib_s", reads,
+                 f"disk reads {'-' if reads is None else f'{reads:,.1f}'} MiB/s"),
+    ]  # fmt: skip
+    return VerdictKind.IO_BOUND, [*evidence, *cpu_evidence(facts)]
+
+
+def _dali_limits(facts: LaneFacts) -> _Cause:
+    if facts.backend != "dali":
+        return None
+    nvjpg = facts.figures.nvjpg_pct
+    if facts.decoder == "mixed" and nvjpg is not None and nvjpg >= NVJPG_SATURATED_PCT:
+        text = (
+            f"hardware {NVJPG.label} {NVJPG.text(nvjpg)} busy ({NVJPG.source.value}; saturated "
+            f"from {NVJPG_SATURATED_PCT:.0f}%)"
+        )
+        busy = Evidence(NVJPG.name, nvjpg, text)
+        return VerdictKind.DALI_DECODER_SATURATED, [busy, *cpu_evidence(facts)]
+    threads = facts.num_threads or 1
+    cpu = facts.figures.cpu_pct
+    if cpu is not None and cpu >= THREADS_SATURATED * 100 * threads:
+        text = f"the lane uses {CPU.text(cpu)} with {threads} DALI threads: all of them are busy"
+        return VerdictKind.DALI_THREADS_SATURATED, [
+            Evidence(CPU.name, cpu, text),
+            *cpu_evidence(facts),
+        ]
+    return None
+
+
+def _main_process_bound(facts: LaneFacts) -> _Cause:
+    main = facts.figures.main_thread_cpu_pct
+    if facts.backend != "torch" or main is None or main < MAIN_THREAD_BOUND_PCT:
+        return None
+    return VerdictKind.MAIN_PROCESS_BOUND, [*cpu_evidence(facts), *transfer_evidence(facts)]
+
+
+def _cpu_limits(facts: LaneFacts) -> _Cause:
+    if facts.cpu_saturated:
+        return VerdictKind.STARVED_CPU_SATURATED, [*cpu_evidence(facts), *stall_evidence(facts)]
+    if facts.loaders is not None and facts.loaders < facts.cores_per_lane:
+        return VerdictKind.STARVED_CPU_HEADROOM, [*cpu_evidence(facts), *stall_evidence(facts)]
+    return None
+
+
+def judge_lanes(facts: Sequence[LaneFacts], verdicts: Sequence[Verdict]) -> list[Verdict]:
+    """What only several lanes show, and epoch starts that cost a lane besides another cause."""
+    return [*_across_lanes(facts, verdicts), *_epoch_findings(facts, verdicts)]
+
+
+def rank(verdict: Verdict) -> tuple[int, int, float]:
+    """The order of verdicts, worst last: untrusted figures (nothing else can be judged then),
+    then by severity, then by data-wait."""
+    order = {Severity.HIGH: 3, Severity.MODERATE: 2, Severity.NONE: 1}
+    known = 0 if verdict.kind is VerdictKind.UNKNOWN else 1
+    return (
+        (0 if verdict.reliable else 1),
+        order[verdict.severity] * 2 + known,
+        (verdict.data_wait_frac or 0.0),
+    )
+
+
+def _epoch_findings(facts: Sequence[LaneFacts], verdicts: Sequence[Verdict]) -> list[Verdict]:
+    """Epoch starts that cost a lane EPOCH_START_SHARE or more of its time while it also
+    starves between them (where that is all it does, its own verdict says so)."""
+    out = []
+    for fact, verdict in zip(facts, verdicts, strict=True):
+        if fact.epoch_share < EPOCH_START_SHARE or verdict.kind in (
+            VerdictKind.EPOCH_START_STALL,
+            VerdictKind.HOST_BUSY,
+            VerdictKind.PIPELINE_ONLY,  # no consumer to starve: its evidence says what they cost
+            VerdictKind.UNKNOWN,
+        ):
+            continue
+        out.append(
+            Verdict(
+                VerdictKind.EPOCH_START_STALL,
+                severity_of(fact.epoch_share),
+                fact.figures.data_wait_frac,
+                tuple(epoch_evidence(fact)),
+                fact.lane,
+            )
+        )
+    return out
+
+
+def _across_lanes(facts: Sequence[LaneFacts], verdicts: Sequence[Verdict]) -> list[Verdict]:
+    measured = [(f, v) for f, v in zip(facts, verdicts, strict=True) if f.figures.batches > 0]
+    if len(measured) < 2 or measured[0][0].consumer == "none":
+        return []
+    out = []
+    worst_wait = max(f.figures.data_wait_frac or 0.0 for f, _ in measured)
+    rates = [f.figures.images_per_s for f, _ in measured]
+    several_hosts = len({f.hostname for f, _ in measured}) > 1
+    if (max(rates) - min(rates)) / max(rates) > IMBALANCE:
+        # Under DDP every step waits for the slowest rank: its rate is everybody's.
+        slowest = min(measured, key=lambda item: item[0].figures.images_per_s)[0]
+        evidence = tuple(
+            Evidence(
+                IMAGES_PER_S.name,
+                f.figures.images_per_s,
+                f"lane {f.lane}{f' on {f.hostname}' if several_hosts else ''}: "
+                f"{IMAGES_PER_S.text(f.figures.images_per_s)}, "
+                f"{DATA_WAIT.label} {DATA_WAIT.text(f.figures.data_wait_frac)}",
+            )
+            for f, _ in measured
+        )
+        severity = severity_of(worst_wait)
+        out.append(
+            Verdict(VerdictKind.SHARD_IMBALANCE, severity, worst_wait, evidence, slowest.lane)
+        )
+    for hostname in dict.fromkeys(f.hostname for f, _ in measured):  # CPU is shared per host
+        starved = [f for f, v in measured if v.kind in STARVED and f.hostname == hostname]
+        busy = starved[0].host.cpu_pct if starved else None
+        if len(starved) < 2 or busy is None or busy < CPU_SATURATED_PCT:
+            continue
+        host = starved[0]
+        on = f" of {hostname}" if several_hosts else ""
+        evidence = (
+            Evidence(
+                "host_cpu_pct",
+                busy,
+                f"host{on} CPU {busy:.0f}% busy (saturated from {CPU_SATURATED_PCT:.0f}%)",
+            ),
+            Evidence(
+                "lanes",
+                float(host.lanes_on_host),
+                f"{host.lanes_on_host} lanes' loaders share {host.host_cpus} cores{on}: "
+                f"{host.cores_per_lane:g} each",
+            ),
+        )
+        wait = max(f.figures.data_wait_frac or 0.0 for f in starved)
+        out.append(Verdict(VerdictKind.SHARED_CORES, severity_of(wait), wait, evidence))
+    return out

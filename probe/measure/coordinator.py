@@ -1,0 +1,262 @@
+"""One run on a session's lanes, seen from the coordinating process: it sends each lane its
+work, gathers the batch events they send, decides when they stop, keeps their live state for the
+display, and is the only writer of the run in the store.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from probe.measure.config import Checked, ProbeConfig, batch_sizes
+from probe.measure.lane import Measure
+from probe.measure.recorder import Recorder
+from probe.metrics import wait_share
+from probe.records import BatchEvent, RunRecord, RunStatus
+from probe.store.db import Store
+from probe.store.documents import figures_from_store
+
+if TYPE_CHECKING:
+    from probe.measure.runner import Lanes
+
+STOP_GRACE_S = 20.0  # how long stopping lanes may take before they are terminated
+WRITE_EVERY_S = 0.5
+LIVE_WINDOW_NS = 3_000_000_000  # live figures cover the last 3 s
+
+
+@dataclass
+class LaneLive:
+    """A lane as the live display shows it."""
+
+    lane: int
+    device: str
+    shard: str
+    state: str = "starting"  # starting, warming up, measuring, precise, done, stopped, failed
+    warmup_batches: int = 0
+    batches: int = 0  # measured
+    reason: str | None = None
+    recent: deque[BatchEvent] = field(default_factory=lambda: deque(maxlen=4096))
+
+    def images_per_s(self, now_ns: int) -> float | None:
+        events = self._window(now_ns)
+        if len(events) < 2:
+            return None
+        span_ns = now_ns - events[0].t_ns
+        return sum(e.size for e in events) / (span_ns / 1e9) if span_ns > 0 else None
+
+    def data_wait_frac(self, now_ns: int) -> float | None:
+        events = self._window(now_ns)
+        return wait_share(sum(e.wait_s for e in events), sum(e.step_s for e in events))
+
+    def _window(self, now_ns: int) -> list[BatchEvent]:
+        return [e for e in self.recent if not e.warmup and now_ns - e.t_ns <= LIVE_WINDOW_NS]
+
+
+class Coordinator:
+    """One run on the lanes: sends each its work, gathers events, decides when they stop,
+    writes the store."""
+
+    def __init__(
+        self,
+        lanes: Lanes,
+        config: ProbeConfig,
+        store: Store,
+        run: RunRecord,
+        recorder: Recorder | None,
+        checked: Checked,
+        on_update: Callable[[list[LaneLive]], None] | None,
+    ) -> None:
+        self.lanes, self.config, self.store, self.run_record = lanes, config, store, run
+        self.recorder, self.checked, self.on_update = recorder, checked, on_update
+        self.live = {
+            plan.lane: LaneLive(
+                lane=plan.lane,
+                device="cpu" if plan.device is None else f"cuda:{plan.device.index}",
+                shard=f"{plan.shard_id}/{plan.num_shards}",
+            )
+            for plan in config.lanes
+        }
+        self.outcome: dict[int, tuple[RunStatus, str | None]] = {}
+        self.ended: dict[int, dict[str, Any]] = {}
+        self.started_here: set[int] = set()  # lanes whose process started for this run
+        self.precise: set[int] = set()
+        self.pending: list[BatchEvent] = []
+        self.interrupted = False
+        self.dead_since: dict[int, float] = {}
+        self.job = 0
+        self.bad_input: list[str] = []  # lanes that failed on the user's input
+
+    def run(self) -> None:
+        lanes = self.lanes
+        self.job = lanes.new_job()
+        lanes.stop_run.clear()
+        for plan in self.config.lanes:
+            alive = lanes.processes.get(plan.lane)
+            if alive is None or not alive.is_alive():
+                self.started_here.add(plan.lane)
+            process = lanes.spawn(plan.lane)
+            if self.recorder is not None:
+                self.recorder.set_lane_pid(plan.lane, process.pid)
+            self.store.update_lane(self.run_record.run_id, plan.lane, pid=process.pid)
+            images = self.checked.shard_images[plan.lane]
+            lanes.commands[plan.lane].put(
+                Measure(
+                    job=self.job,
+                    spec=self.config.lane_spec(plan),
+                    backend=self.config.backend,
+                    read=self.config.read,
+                    warmup=self.config.warmup,
+                    batches=self.config.batches,
+                    duration_s=self.config.duration_s,
+                    precision=self.config.precision if self.config.until_precise else None,
+                    max_s=self.config.max_s,
+                    batch_sizes=batch_sizes(self.config, images),
+                )
+            )
+        deadline: float | None = None
+        last_write = last_update = time.monotonic()
+        while len(self.outcome) < len(self.live):
+            try:
+                self._handle(lanes.messages.get(timeout=0.1))
+                while True:
+                    self._handle(lanes.messages.get_nowait())
+            except queue.Empty:
+                pass
+            except KeyboardInterrupt:
+                lanes.stop.set()
+            now = time.monotonic()
+            if lanes.stop.is_set() and deadline is None:
+                self.interrupted = True
+                lanes.stop_all.set()
+                deadline = now + STOP_GRACE_S
+            running = set(self.live) - set(self.outcome)
+            if self.config.until_precise and running and running <= self.precise:
+                lanes.stop_run.set()  # every lane still running knows its rate well enough
+            self._check_processes(now, deadline)
+            if now - last_write >= WRITE_EVERY_S:
+                self.write(self.recorder)
+                last_write = now
+            if self.on_update is not None and now - last_update >= 0.25:
+                self.on_update(list(self.live.values()))
+                last_update = now
+        lanes.stop_run.clear()
+        if self.on_update is not None:
+            self.on_update(list(self.live.values()))
+
+    def _check_processes(self, now: float, deadline: float | None) -> None:
+        """Closes the lanes whose process died without a word, or did not stop in time."""
+        for lane in self.live:
+            if lane in self.outcome:
+                continue
+            process = self.lanes.processes[lane]
+            if deadline is not None and now > deadline:
+                process.kill()
+                self._close_lane(lane, RunStatus.INTERRUPTED, "did not stop in time: killed")
+            # A dead lane's last messages may still be in the pipe: wait a moment before judging.
+            elif not process.is_alive() and now - self.dead_since.setdefault(lane, now) > 2.0:
+                self._close_lane(lane, RunStatus.FAILED, _exit_reason(process.exitcode))
+
+    def _handle(self, message: tuple[str, int, int, Any]) -> None:
+        kind, lane, job, payload = message
+        if lane not in self.live or job not in (-1, self.job):
+            return  # a lane of another run, or of an earlier one that was cut short
+        live = self.live[lane]
+        if kind == "batches":
+            self.pending.extend(payload)
+            for event in payload:
+                live.recent.append(event)
+                if event.warmup:
+                    live.warmup_batches += 1
+                else:
+                    live.batches += 1
+            if payload and live.state not in ("precise",):
+                live.state = "warming up" if payload[-1].warmup else "measuring"
+        elif kind == "ready":  # from its spawning: the interpreter, torch, CUDA, the consumer
+            self.lanes.ready(lane)
+            live.state = "tuning the consumer"
+        elif kind == "consumer":
+            self.lanes.consumer_alone[lane] = payload
+            live.state = "warming up"
+        elif kind == "precise":
+            self.precise.add(lane)
+            live.state = "precise"
+        elif kind == "ended":
+            self.ended[lane] = payload
+            status = RunStatus.INTERRUPTED if payload["stopped"] else RunStatus.COMPLETED
+            self._close_lane(lane, status, "stopped when asked" if payload["stopped"] else None)
+        elif kind == "failed":
+            if payload.get("input"):
+                self.bad_input.append(f"lane {lane}: {payload['reason']}")
+            self._close_lane(lane, RunStatus.FAILED, payload["reason"])
+
+    def _close_lane(self, lane: int, status: RunStatus, reason: str | None) -> None:
+        if lane in self.outcome:
+            return
+        self.outcome[lane] = (status, reason)
+        live = self.live[lane]
+        live.reason = reason
+        live.state = {
+            RunStatus.COMPLETED: "done",
+            RunStatus.INTERRUPTED: "stopped",
+            RunStatus.FAILED: "failed",
+        }.get(status, status.value)
+
+    def write(self, recorder: Recorder | None) -> None:
+        """Writes what lanes and samplers produced since the last write."""
+        run_id = self.run_record.run_id
+        if self.pending:
+            self.store.add_batches(run_id, self.pending)
+            self.pending = []
+        if recorder is not None:
+            drained = recorder.drain()
+            self.store.add_gpu_samples(run_id, drained.gpu)
+            self.store.add_host_samples(run_id, self.run_record.hostname, drained.host)
+            self.store.add_lane_cpu(run_id, drained.lanes)
+            self.store.add_unavailable(run_id, drained.unavailable)
+
+    def finish(self) -> None:
+        """Writes each lane's figures and status, then the run's."""
+        run_id = self.run_record.run_id
+        failures = []
+        for lane in self.store.lanes(run_id):
+            status, reason = self.outcome.get(
+                lane.lane, (RunStatus.INTERRUPTED, "the run ended before the lane did")
+            )
+            ended = self.ended.get(lane.lane, {})
+            figures = figures_from_store(self.store, self.run_record, lane, ended.get("starts"))
+            figures.update(
+                skipped_files=ended.get("skipped_files", 0),
+                capped=ended.get("capped", False),
+                warmup_settled=ended.get("warmup_settled"),
+                build_s=ended.get("build_s"),
+                startup_s=self.lanes.startup.get(lane.lane)
+                if lane.lane in self.started_here
+                else None,
+                consumer_alone=self.lanes.consumer_alone.get(lane.lane),
+            )
+            self.store.update_lane(run_id, lane.lane, status=status, reason=reason, summary=figures)
+            if status is RunStatus.FAILED:
+                failures.append(f"lane {lane.lane} failed: {reason}")
+        if self.interrupted:
+            run_status, run_reason = RunStatus.INTERRUPTED, "stopped before its end (interrupted)"
+        elif failures:
+            run_status, run_reason = RunStatus.FAILED, "; ".join(failures)
+        else:
+            run_status, run_reason = RunStatus.COMPLETED, None
+        self.store.finish_run(run_id, run_status, run_reason, time.monotonic_ns())
+
+
+def _exit_reason(code: int | None) -> str:
+    if code is not None and code < 0:
+        names = {
+            9: "SIGKILL (out of memory?)",
+            11: "SIGSEGV (crashed)",
+            15: "SIGTERM",
+            6: "SIGABRT",
+        }
+        return f"the lane process died of signal {names.get(-code, -code)}"
+    return f"the lane process exited with code {code} without a word"

@@ -1,0 +1,113 @@
+"""The CUDA devices this process sees, and which of them a user means by `--gpus`.
+
+A device is named by its CUDA index (what `CUDA_VISIBLE_DEVICES` leaves visible, renumbered from
+0) and identified by its UUID, which is what NVML is asked about: NVML numbers GPUs its own way.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pipelines import InputError
+
+
+@dataclass(frozen=True)
+class CudaDevice:
+    index: int  # CUDA index in this process
+    uuid: str  # "GPU-..." as NVML spells it
+    name: str
+    memory_mib: float
+
+
+def cuda_devices() -> list[CudaDevice]:
+    """Every CUDA device visible to this process (none without CUDA)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    devices = []
+    for index in range(torch.cuda.device_count()):
+        properties = torch.cuda.get_device_properties(index)
+        uuid = str(properties.uuid)
+        devices.append(
+            CudaDevice(
+                index=index,
+                uuid=uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}",
+                name=properties.name,
+                memory_mib=properties.total_memory / 2**20,
+            )
+        )
+    return devices
+
+
+def loop_device(default: int | None) -> int | None:
+    """The CUDA device a running training loop uses: the current one once CUDA is in use, else
+    `default`; None where torch is not loaded (a loop on CUDA has imported it) or sees no CUDA.
+    Imports nothing: it must not load torch into a loop that does not use it."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available():
+        return None
+    return int(torch.cuda.current_device()) if torch.cuda.is_initialized() else default
+
+
+def describe(devices: list[CudaDevice]) -> str:
+    """`0 (NVIDIA H200), 1 (NVIDIA H200)`, or `none`."""
+    return ", ".join(f"{d.index} ({d.name})" for d in devices) or "none"
+
+
+def select_gpus(text: str | None, devices: list[CudaDevice]) -> list[CudaDevice] | None:
+    """The GPUs `--gpus` names: `0,1`, `all`, or `none` (the CPU: returns None).
+
+    Without `--gpus` (text None): every visible GPU, or the CPU where there is none.
+
+    Raises:
+        InputError: an index that is not there, or a GPU asked for on a machine without CUDA;
+            the message lists what is available.
+    """
+    if text is None:
+        return devices or None
+    wanted = text.strip().lower()
+    if wanted in ("none", "cpu"):
+        return None
+    if wanted == "all":
+        if not devices:
+            raise InputError("--gpus all: no CUDA GPU is visible here; use --gpus none for the CPU")
+        return devices
+    try:
+        indices = [int(part) for part in wanted.split(",") if part.strip()]
+    except ValueError:
+        raise InputError(
+            f"--gpus takes CUDA indices like 0,1, or all, or none (got {text!r})"
+        ) from None
+    if not indices:
+        raise InputError(f"--gpus takes CUDA indices like 0,1, or all, or none (got {text!r})")
+    if len(set(indices)) != len(indices):
+        raise InputError(f"--gpus names a GPU twice: {text!r}")
+    by_index = {d.index: d for d in devices}
+    missing = [i for i in indices if i not in by_index]
+    if missing:
+        if not devices:
+            raise InputError(
+                f"GPU {missing[0]} was asked for, but CUDA sees no GPU here; "
+                "available: the CPU (--gpus none)"
+            )
+        raise InputError(
+            f"GPU {missing[0]} does not exist; available: {describe(devices)} (or --gpus none)"
+        )
+    return [by_index[i] for i in indices]
+
+
+def device_sync(device: int | None) -> Callable[[], None]:
+    """A function that waits until the work queued on the device's current stream is done.
+
+    Only that stream: a device-wide synchronize would also wait for DALI, which decodes the next
+    batches ahead on streams of its own, and so hide the overlap a pipeline really gives.
+    """
+    if device is None:
+        return lambda: None
+    import torch
+
+    stream = torch.cuda.current_stream(device)
+    return stream.synchronize

@@ -1,0 +1,300 @@
+"""A lane: one process driving one GPU (or the CPU) and one shard, kept warm for a session.
+
+The process builds its consumer once. For each run the coordinator sends it (a `Measure`), it
+builds the pipeline, reads it (one endless stream, or epoch by epoch as a training loop's
+`for epoch: for batch in loader` does), feeds every batch to the consumer and times it: how
+long the consumer waited for it (until it was ready on the device, the copy included) and how
+long the step took. Batches until the rate settles are warm-up. Before its first run it times
+the consumer alone, on batches already on the device: the most any input fix can reach. It
+sends the events to the coordinating process in small bundles; it does not touch the store.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import statistics
+import time
+import traceback
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from enum import Enum
+from typing import Any
+
+from pipelines import Backend, Batch, InputError, InputPipeline, PipelineSpec, build_pipeline
+from pipelines.loader import NOTHING_TO_READ
+from probe.measure.consumers import Consumer, ConsumerKind, ConsumerSpec, build_consumer
+from probe.measure.devices import device_sync
+from probe.measure.timer import BatchTimer
+from probe.records import BatchEvent
+from probe.steady import (
+    MIN_BLOCKS,
+    MIN_MEASURE_S,
+    Warmup,
+    batch_seconds,
+    block_batches,
+    images_per_s,
+)
+
+FLUSH_NS = 250_000_000  # events reach the coordinator at least this often
+CONSUMER_ALONE_MAX_S = 10.0
+# The consumer alone has no pipeline to settle (its tuning is done before): shorter windows.
+CONSUMER_WINDOW_S = 0.25
+
+
+class Read(str, Enum):
+    """How a lane reads its shard: as one endless stream (what a long training job sees once
+    it runs), or epoch by epoch, restarting the loader at each (what a `for` loop per epoch
+    pays)."""
+
+    STREAM = "stream"
+    EPOCHS = "epochs"
+
+
+@dataclass(frozen=True)
+class LaneSetup:
+    """What a lane process keeps for its whole life."""
+
+    lane: int
+    device: int | None  # CUDA index; None: the CPU
+    consumer: ConsumerSpec
+    num_classes: int
+
+
+@dataclass(frozen=True)
+class Measure:
+    """One run's work for a lane."""
+
+    job: int  # the coordinator's number for it: messages about it carry it
+    spec: PipelineSpec  # its device and shard are the lane's
+    backend: Backend
+    read: Read
+    warmup: int | None  # warm-up batches; None: until the rate settles
+    batches: int | None  # measured batches, after the warm-up
+    duration_s: float | None  # measured seconds, after the warm-up
+    precision: float | None  # say "precise" once images/s is known within this share
+    max_s: float  # measure at most this long
+    batch_sizes: tuple[int, ...]  # the sizes of its batches: the consumer is tuned to each
+
+
+# Messages to the coordinator, (kind, lane, job, payload); `job` is -1 for the process's own:
+#   ("ready", lane, -1, {"pid": int, "gpu_uuid": str | None})
+#   ("consumer", lane, job, {"images_per_s", "images_per_s_error", "step_ms_p50", ...} | None)
+#   ("batches", lane, job, [BatchEvent, ...])
+#   ("precise", lane, job, {})           images/s is known within the precision asked for
+#   ("ended", lane, job, {"stopped", "capped", "skipped_files", "build_s", "warmup_settled",
+#                         "starts": [[epoch, started_ns, ready_ns], ...]})
+#   ("failed", lane, job, {"reason": str, "traceback": str, "input": bool})
+#                                   job -1: the process is done; input: the user's input is bad
+
+
+def lane_main(setup: LaneSetup, commands: Any, messages: Any, stop_run: Any, stop_all: Any) -> None:
+    """The lane process's entry point (spawned by the coordinator)."""
+    # Ctrl-C reaches every process of the terminal's group: the coordinator alone handles it
+    # and tells the lanes to stop, so that they stop cleanly and their data is kept.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda *_: stop_all.set())
+    lane, parent = setup.lane, os.getppid()
+    try:
+        consumer = build_consumer(setup.consumer, setup.device, setup.num_classes)
+    except BaseException as error:
+        messages.put(("failed", lane, -1, _failure(error)))
+        return
+    messages.put(("ready", lane, -1, {"pid": os.getpid(), "gpu_uuid": _gpu_uuid(setup.device)}))
+    alone: dict[str, Any] | None = None
+    tuned: set[int] = set()
+    while not stop_all.is_set():
+        try:
+            job: Measure | None = commands.get(timeout=0.5)
+        except queue.Empty:
+            if os.getppid() != parent:  # orphaned
+                return
+            continue
+        if job is None:
+            return
+        try:
+            sizes = [size for size in job.batch_sizes if size not in tuned]
+            if sizes and setup.consumer.kind is not ConsumerKind.NONE:
+                tune = _consumer_alone if alone is None else _tune
+                alone = tune(consumer, setup, job, sizes) or alone
+                tuned.update(sizes)
+            messages.put(("consumer", lane, job.job, alone))
+            ended = _measure(job, setup, consumer, messages, stop_run, stop_all, parent)
+        except BaseException as error:
+            messages.put(("failed", lane, job.job, _failure(error)))
+        else:
+            messages.put(("ended", lane, job.job, ended))
+
+
+def _failure(error: BaseException) -> dict[str, Any]:
+    if isinstance(error, InputError):
+        return {"reason": str(error), "traceback": "", "input": True}
+    reason = f"{type(error).__name__}: {error}".strip().splitlines()[0]
+    return {"reason": reason, "traceback": traceback.format_exc(), "input": False}
+
+
+def _measure(
+    job: Measure,
+    setup: LaneSetup,
+    consumer: Consumer,
+    messages: Any,
+    stop_run: Any,
+    stop_all: Any,
+    parent: int,
+) -> dict[str, Any]:
+    """Reads the pipeline until told to stop, or until its own stop rule says so; returns how it
+    ended. In epoch reading it stops only where an epoch starts, so that it measures whole
+    epochs (the batch that opens the next one is dropped)."""
+    lane, by_epoch = setup.lane, job.read is Read.EPOCHS
+    loaders = job.spec.dataloader.num_workers if job.backend is Backend.TORCH else None
+    built = time.monotonic()
+    with build_pipeline(job.spec, job.backend) as pipeline:
+        build_s = time.monotonic() - built
+        batches = _read(pipeline, job.read)
+        timer = BatchTimer(lane, device_sync(setup.device))
+        warmup = Warmup(job.warmup, loaders, by_epoch)
+        pending: list[BatchEvent] = []
+        measured: list[BatchEvent] = []
+        flushed_ns = time.monotonic_ns()
+        measured_s = 0.0
+        stopping = capped = precise = False
+        while True:
+            interrupted = stop_all.is_set() or os.getppid() != parent
+            timer.ask()
+            batch = None if interrupted else next(batches)
+            if batch is not None:
+                timer.got()
+            epoch = len(pipeline.starts) - 1
+            whole = not by_epoch or not measured or epoch != measured[-1].epoch
+            stopping = stopping or stop_run.is_set()
+            if interrupted or capped or (stopping and whole):  # the time limit is kept
+                messages.put(("batches", lane, job.job, pending))
+                return {
+                    "stopped": interrupted,
+                    "capped": capped,
+                    "skipped_files": len(pipeline.skipped_files),
+                    "build_s": build_s,
+                    "warmup_settled": warmup.settled,
+                    "starts": [
+                        [i, s.started_ns, s.ready_ns] for i, s in enumerate(pipeline.starts)
+                    ],
+                }
+            assert batch is not None
+            consumer.step(batch)
+            event = timer.done(int(batch.labels.shape[0]), epoch)
+            if warmup.warming(event):
+                event = replace(event, warmup=True)
+            else:
+                measured.append(event)
+                measured_s += batch_seconds(event)
+            pending.append(event)
+            if measured:
+                done = (job.batches is not None and len(measured) >= job.batches) or (
+                    job.duration_s is not None and measured_s >= job.duration_s
+                )
+                capped = capped or (not done and measured_s >= job.max_s)
+                stopping = stopping or done or capped
+            if timer.done_ns - flushed_ns >= FLUSH_NS:
+                messages.put(("batches", lane, job.job, pending))
+                pending, flushed_ns = [], timer.done_ns
+                if job.precision is not None and not precise:
+                    precise = _known_within(measured, loaders, job.precision)
+                    if precise:
+                        messages.put(("precise", lane, job.job, {}))
+
+
+def _known_within(
+    measured: list[BatchEvent],
+    loaders: int | None,
+    precision: float,
+    least_s: float = MIN_MEASURE_S,
+) -> bool:
+    """Whether images/s is known within `precision`, on enough blocks and `least_s` seconds."""
+    if len(measured) < MIN_BLOCKS * block_batches(loaders):
+        return False
+    if sum(batch_seconds(e) for e in measured) < least_s:
+        return False
+    return images_per_s(measured, loaders).within(precision)
+
+
+def _read(pipeline: InputPipeline, read: Read) -> Iterator[Batch]:
+    if read is Read.STREAM:
+        yield from pipeline.stream()
+        return
+    while True:
+        yielded = False
+        for batch in pipeline:
+            yielded = True
+            yield batch
+        if not yielded:
+            raise InputError(NOTHING_TO_READ)
+
+
+def _synthetic(job: Measure, setup: LaneSetup, size: int) -> Batch:
+    """A batch of the pipeline's shape, already on the lane's device (its values do not
+    change a step's time)."""
+    import torch
+
+    device = torch.device("cpu") if setup.device is None else torch.device("cuda", setup.device)
+    side = job.spec.image_size
+    return Batch(
+        torch.randn(size, 3, side, side, device=device),
+        torch.randint(0, max(1, setup.num_classes), (size,), device=device),
+    )
+
+
+def _tune(consumer: Consumer, setup: LaneSetup, job: Measure, sizes: list[int]) -> None:
+    """Runs the consumer on batches of each size once more than it takes to settle its choices
+    (cuDNN's benchmark picks kernels per shape), so that no batch measured pays for it."""
+    for size in sizes:
+        batch = _synthetic(job, setup, size)
+        for _ in range(3):
+            consumer.step(batch)
+
+
+def _consumer_alone(
+    consumer: Consumer, setup: LaneSetup, job: Measure, sizes: list[int]
+) -> dict[str, Any]:
+    """The consumer alone on a batch already on the device, once tuned to every batch size,
+    until its rate settles and is known within the precision asked (or CONSUMER_ALONE_MAX_S)."""
+    tuning = time.monotonic()
+    _tune(consumer, setup, job, sizes)
+    batch = _synthetic(job, setup, sizes[0])
+    warmup = Warmup(None, None, by_epoch=False, min_window_s=CONSUMER_WINDOW_S)
+    timer = BatchTimer(setup.lane, device_sync(setup.device))
+    steps: list[BatchEvent] = []
+    measured: list[BatchEvent] = []
+    started = time.monotonic()
+    precision = job.precision or 0.03
+    while time.monotonic() - started < CONSUMER_ALONE_MAX_S:
+        timer.ask()
+        timer.got()  # at once: the batch is on the device, and the last step waited for its work
+        consumer.step(batch)
+        event = timer.done(sizes[0])
+        steps.append(event)
+        if warmup.warming(event):
+            continue
+        measured.append(event)
+        if len(measured) % MIN_BLOCKS == 0 and _known_within(measured, None, precision, 1.0):
+            break
+    if not measured:  # it never settled: its later half, whose error says how well it is known
+        measured = steps[len(steps) // 2 :]
+    estimate = images_per_s(measured)
+    return {
+        "images_per_s": estimate.value,
+        "images_per_s_error": estimate.error,
+        "step_ms_p50": statistics.median(e.step_s for e in measured) * 1e3 if measured else None,
+        "steps": len(measured),
+        "batch_size": sizes[0],
+        "tune_s": started - tuning,  # cuDNN's choices, per batch size
+        "seconds": time.monotonic() - tuning,  # the tuning and the timing
+    }
+
+
+def _gpu_uuid(device: int | None) -> str | None:
+    if device is None:
+        return None
+    from probe.measure.devices import cuda_devices
+
+    return next((d.uuid for d in cuda_devices() if d.index == device), None)

@@ -1,0 +1,270 @@
+"""Host samples from psutil: CPU per core, iowait, steal, disk reads, memory, and the run's
+processes (each lane's process, its threads and its DataLoader workers).
+
+CPU figures are differences of cumulative counters between two samples, so every sample covers
+the interval since the previous one. A core's busy share leaves out idle, iowait and steal: steal
+is time the hypervisor gave this machine's CPUs to someone else, which a virtual machine shows as
+cores that are there but do less work.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import psutil
+
+from probe.records import HostSample, LaneCpuSample, Unavailable
+
+SLOW_REFRESH_NS = 1_000_000_000  # process trees, thread counts, disk and memory: once a second
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+@dataclass
+class _Tree:
+    root_pid: int
+    members: list[psutil.Process]
+    threads: int
+
+
+class HostSampler:
+    """Samples the host; `lane_pids` (lane -> process id) says which processes are whose."""
+
+    def __init__(self, root_pid: int | None = None) -> None:
+        self.root_pid = root_pid if root_pid is not None else os.getpid()
+        self.lane_pids: dict[int, int] = {}
+        self._unavailable: list[Unavailable] = []
+        self._last_ns = time.monotonic_ns()
+        self._cpu = psutil.cpu_times(percpu=True)
+        self._disk = _disk_counters()
+        if self._disk is None:
+            self._unavailable.append(
+                Unavailable("host", "", "disk_read_mib_s", "no disk counters here (a container?)")
+            )
+        # (what, pid, start time) -> CPU seconds last read; what: own, ended (its ended
+        # children's), thread (its main thread's)
+        self._cpu_seconds: dict[tuple[str, int, float], float] = {}
+        self._started = time.time()  # processes older than this: only their time from now on
+        self._carry: dict[int, float] = {}  # tree -> CPU seconds given back ahead of time
+        self._trees: dict[int, _Tree] = {}  # -1: the whole run
+        self._slow_ns = 0
+        self._disk_read_mib_s: float | None = None
+        self._memory_used_mib = psutil.virtual_memory().used / 2**20
+        self._processes: dict[int, psutil.Process] = {}
+        self._cpu_delta(self._process(self.root_pid))  # its time before now is not the run's
+
+    def unavailable(self) -> list[Unavailable]:
+        return list(self._unavailable)
+
+    def sample(self, t_ns: int) -> tuple[HostSample, list[LaneCpuSample]]:
+        seconds = max((t_ns - self._last_ns) / 1e9, 1e-6)
+        self._last_ns = t_ns
+        cores = psutil.cpu_times(percpu=True)
+        per_core, iowait, steal = _core_shares(self._cpu, cores)
+        self._cpu = cores
+        # What changes slowly is read once a second: process trees, thread counts, disk, memory.
+        if t_ns - self._slow_ns >= SLOW_REFRESH_NS or set(self.lane_pids) - set(self._trees):
+            self._refresh_slow(t_ns)
+        # One CPU reading per process, shared by the run's tree and the lane trees within it.
+        members = {p.pid: p for tree in self._trees.values() for p in tree.members}
+        deltas = {pid: self._cpu_delta(process) for pid, process in members.items()}
+        lanes = [
+            LaneCpuSample(
+                t_ns=t_ns,
+                lane=lane,
+                cpu_pct=100 * self._tree_seconds(lane, tree, deltas) / seconds,
+                main_cpu_pct=100 * deltas.get(tree.root_pid, (0.0, 0.0))[0] / seconds,
+                main_thread_cpu_pct=100 * self._main_thread_delta(tree.root_pid) / seconds,
+                processes=len(tree.members),
+                threads=tree.threads,
+            )
+            for lane, tree in sorted(self._trees.items())
+            if lane >= 0
+        ]
+        run_tree = self._trees.get(-1)
+        run_members = run_tree.members if run_tree is not None else []
+
+        host = HostSample(
+            t_ns=t_ns,
+            cpu_pct=sum(per_core) / len(per_core),
+            per_core_pct=tuple(per_core),
+            iowait_pct=iowait,
+            steal_pct=steal,
+            disk_read_mib_s=self._disk_read_mib_s,
+            memory_used_mib=self._memory_used_mib,
+            tree_cpu_pct=100 * self._tree_seconds(-1, run_tree, deltas) / seconds,
+            tree_processes=len(run_members),
+        )
+        return host, lanes
+
+    def _refresh_slow(self, t_ns: int) -> None:
+        self._refresh_trees()
+        disk = _disk_counters()
+        if disk is not None and self._disk is not None and self._slow_ns:
+            seconds = max((t_ns - self._slow_ns) / 1e9, 1e-6)
+            self._disk_read_mib_s = (disk.read_bytes - self._disk.read_bytes) / seconds / 2**20
+        self._disk = disk
+        self._memory_used_mib = psutil.virtual_memory().used / 2**20
+        self._slow_ns = t_ns
+
+    def _refresh_trees(self) -> None:
+        trees = {-1: self.root_pid, **self.lane_pids}
+        before = {key: {p.pid: p for p in tree.members} for key, tree in self._trees.items()}
+        self._trees = {}
+        for key, pid in trees.items():
+            root = self._process(pid)
+            if root is None:
+                continue
+            try:
+                members = [root, *root.children(recursive=True)]
+            except psutil.Error:
+                members = [root]
+            members = [self._processes.setdefault(p.pid, p) for p in members]
+            self._trees[key] = _Tree(pid, members, sum(_threads(p) for p in members))
+        # A member gone from its tree ended and was reaped since the last reading: its parent's
+        # counters of ended children now hold its whole time; take back what was counted of it.
+        gone: dict[tuple[str, int, float], float] = {}
+        for key, was in before.items():
+            now = {p.pid for p in self._trees[key].members} if key in self._trees else set()
+            for pid, process in was.items():
+                if pid not in now:
+                    counted = ("own", pid, process.create_time())
+                    gone[counted] = self._cpu_seconds.get(counted, 0.0)
+                    self._carry[key] = self._carry.get(key, 0.0) - gone[counted]
+        for counted in gone:
+            self._cpu_seconds.pop(counted, None)
+
+    def _process(self, pid: int) -> psutil.Process | None:
+        if pid not in self._processes:
+            try:
+                self._processes[pid] = psutil.Process(pid)
+            except psutil.Error:
+                return None
+        return self._processes[pid]
+
+    def _cpu_delta(self, process: psutil.Process | None) -> tuple[float, float]:
+        """CPU seconds `process` used since it was last read (since it started, at first), and
+        those of its children that ended meanwhile. A child that ends between two readings of
+        the trees (a DataLoader's workers, started anew each epoch) is not lost: its parent's
+        counters of ended children take it in, and what was counted of it while it ran is
+        taken back once, when it is gone (as a negative own time)."""
+        if process is None:
+            return 0.0, 0.0
+        created = process.create_time()  # cached by psutil: works once it is gone
+        key = ("own", process.pid, created)
+        try:
+            times = process.cpu_times()
+        except psutil.Error:
+            return -self._cpu_seconds.pop(key, 0.0), 0.0
+        ended = getattr(times, "children_user", 0.0) + getattr(times, "children_system", 0.0)
+        return (
+            self._since_last(key, times.user + times.system),
+            self._since_last(("ended", process.pid, created), ended),
+        )
+
+    def _tree_seconds(
+        self, key: int, tree: _Tree | None, deltas: dict[int, tuple[float, float]]
+    ) -> float:
+        """A tree's CPU seconds since the last sample. What an ended child gives back can come
+        a sample before its parent's counters take it in: it is carried, never shown below 0."""
+        if tree is None:
+            return 0.0
+        total = self._carry.pop(key, 0.0) + sum(sum(deltas.get(p.pid, (0.0, 0.0)))
+                                                for p in tree.members)  # fmt: skip
+        if total < 0:
+            self._carry[key] = total
+            return 0.0
+        return total
+
+    def _main_thread_delta(self, pid: int) -> float:
+        """CPU seconds of the process's main thread (the Python loop) since it was last read."""
+        process = self._processes.get(pid)
+        if process is None:
+            return 0.0
+        try:
+            # One small file, where psutil's threads() would read one per thread (DALI has ~40).
+            with open(f"/proc/{pid}/task/{pid}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+            seconds = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime
+            key = ("thread", pid, process.create_time())
+        except (OSError, IndexError, ValueError, psutil.Error):
+            return 0.0
+        return self._since_last(key, seconds)
+
+    def _since_last(self, key: tuple[str, int, float], cpu_seconds: float) -> float:
+        """CPU seconds since `key` was last read. At its first reading, all of a process's time
+        if it started while this sampler ran, else none: what a lane kept warm from an earlier
+        run did before this one is not this run's."""
+        if key not in self._cpu_seconds and key[2] < self._started:
+            self._cpu_seconds[key] = cpu_seconds
+            return 0.0
+        previous = self._cpu_seconds.get(key, 0.0)
+        self._cpu_seconds[key] = cpu_seconds
+        return max(cpu_seconds - previous, 0.0)
+
+
+def _core_shares(
+    before: list[Any], after: list[Any]
+) -> tuple[list[float], float | None, float | None]:
+    """Per-core busy %, and iowait % and steal % of all cores, between two cpu_times readings."""
+    per_core = []
+    iowait_total = steal_total = all_total = 0.0
+    for old, new in zip(before, after, strict=False):
+        delta = {field: getattr(new, field) - getattr(old, field) for field in new._fields}
+        # guest time is already counted in user and nice on Linux
+        total = sum(v for k, v in delta.items() if k not in ("guest", "guest_nice"))
+        idle = delta.get("idle", 0.0) + delta.get("iowait", 0.0) + delta.get("steal", 0.0)
+        per_core.append(100 * (total - idle) / total if total > 0 else 0.0)
+        iowait_total += delta.get("iowait", 0.0)
+        steal_total += delta.get("steal", 0.0)
+        all_total += total
+    has = after[0]._fields if after else ()
+    iowait = 100 * iowait_total / all_total if all_total > 0 and "iowait" in has else None
+    steal = 100 * steal_total / all_total if all_total > 0 and "steal" in has else None
+    return per_core, iowait, steal
+
+
+def _threads(process: psutil.Process) -> int:
+    try:
+        return process.num_threads()
+    except psutil.Error:
+        return 0
+
+
+def _disk_counters() -> Any:
+    try:
+        return psutil.disk_io_counters()
+    except (OSError, RuntimeError):
+        return None
+
+
+def host_facts() -> dict[str, Any]:
+    """The CPU model, the machine's core count and memory: for the run's host description."""
+    model = None
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            model = next(
+                (
+                    line.split(":", 1)[1].strip()
+                    for line in cpuinfo
+                    if line.startswith("model name")
+                ),
+                None,
+            )
+    except OSError:
+        pass
+    return {
+        "cpu_model": model,
+        "cpu_cores_total": psutil.cpu_count(),
+        "memory_mib": round(psutil.virtual_memory().total / 2**20),
+    }
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` is still running (a zombie, which waits to be reaped, is not)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False

@@ -1,0 +1,371 @@
+"""`watch`: measure your own training loop's input pipeline from inside it.
+
+    from probe import watch
+
+    for images, labels in watch(train_loader, name="resnet50-bs256"):
+        ...  # your training step
+
+Each batch's data-wait (the time spent getting it from the loader, `iter()` included: a
+DataLoader starts or resumes its workers there) and step (the time from handing it over until
+the next one is asked for) are recorded, with the GPU and host samplers running, as a run of
+kind `watch` in the store: the dashboard, `probe show`, the diagnosis and the reports work on it
+as on a probe's run. One watched job is one run, and each `for` over it an epoch of that run, so
+that its epoch starts are measured and judged; its first batches are warm-up, once. Under DDP
+(torchrun), each rank is a lane of one run. Recording never breaks training: if the store cannot
+be used, it warns once and the loop runs on unwatched.
+
+The data-wait ends when the loader hands the batch over, not when it is ready on the GPU: a
+copy still under way (`pin_memory` with `non_blocking`, DALI's GPU outputs) falls into the step,
+and the batches are recorded `synced=False`. Waiting for the device there would hold the loop
+until the previous step's queued kernels finish too, taking away the overlap of host and GPU
+that the training relies on. Without CUDA there is nothing to wait for: `synced=True`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import itertools
+import os
+import socket
+import sys
+import threading
+import time
+import warnings
+import weakref
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+from pipelines import InputError
+from probe.measure.devices import CudaDevice, cuda_devices, device_sync, loop_device
+from probe.measure.recorder import Drained, Recorder
+from probe.measure.timer import BatchTimer
+from probe.records import BatchEvent, LaneRecord, RunExport, RunRecord, RunStatus
+from probe.steady import Warmup
+from probe.store.db import Store
+from probe.store.merge import add_rows, clock_shift, import_run, settle_run
+
+T = TypeVar("T")
+WRITE_EVERY_S = 0.5
+_warned: list[str] = []  # what was warned of: once is enough
+_calls = itertools.count()  # watch() calls in this process: ranks number them alike
+
+
+def watch(
+    iterable: Iterable[T],
+    name: str | None = None,
+    *,
+    db: Path | str | None = None,
+    sample_hz: float = 10.0,
+    warmup: int | str = 5,
+) -> Watched[T]:
+    """Yields what `iterable` yields, recording how long each item took to get and to use.
+
+    One watched job is one run: each `for` over the result is an epoch of it, and the run ends
+    with `close()`, at the end of a `with` block, when the result is dropped, or when the
+    process exits.
+
+    Args:
+        iterable: a torch DataLoader, a DALI iterator or any iterable of batches.
+        name: the run's label in listings.
+        db: the store; default `$FEEDSCOPE_DB`, else your data folder.
+        sample_hz: GPU and host samples per second (0: none).
+        warmup: the job's first batches, recorded but left out of every figure (workers
+            starting, cuDNN choosing its algorithms), once; or "auto": until the rate settles.
+    """
+    return Watched(iterable, name, db, sample_hz, warmup)
+
+
+class Watched(Generic[T]):
+    """An iterable that records its iteration: one run, each `for` over it an epoch."""
+
+    def __init__(
+        self, iterable: Iterable[T], name: str | None, db: Path | str | None, sample_hz: float,
+        warmup: int | str,
+    ) -> None:  # fmt: skip
+        self.iterable, self.name, self.db = iterable, name, db
+        self.sample_hz, self.warmup = sample_hz, warmup
+        self._recording: _Recording | None = None
+        self._started = False
+        self._epoch = -1
+        self._active = [False]  # a `for` is under way (read by the run's end at exit)
+        fixed = None if str(warmup) == "auto" else int(warmup)
+        self._warmup = Warmup(fixed, _workers(iterable), by_epoch=True)
+
+    def __len__(self) -> int:
+        return len(self.iterable)  # type: ignore[arg-type]
+
+    def __enter__(self) -> Watched[T]:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        self.close(RunStatus.COMPLETED if exc_type is None else RunStatus.INTERRUPTED)
+
+    def close(self, status: RunStatus = RunStatus.COMPLETED, reason: str | None = None) -> None:
+        """Ends the run: what is left is written, with the lane's figures."""
+        if self._recording is not None:
+            self._recording.finish(status, reason)
+
+    def __iter__(self) -> Iterator[T]:
+        if not self._started:
+            self._started = True
+            self._recording = _Recording.start(self)
+            if self._recording is not None:  # ends the run when this object goes
+                weakref.finalize(self, self._recording.finish_quietly, self._active)
+        recording = self._recording
+        if recording is None or recording.ended:
+            yield from self.iterable
+            return
+        self._epoch += 1
+        events, timer, epoch = recording.events, recording.timer(), self._epoch
+        size: int | None = None  # the batch handed out, until its step is done
+        self._active[0] = True
+        timer.ask()  # before iter(): a DataLoader starts, or resumes, its workers there
+        try:
+            source = iter(self.iterable)
+            while True:
+                try:
+                    batch = next(source)
+                except StopIteration:
+                    return
+                timer.got()
+                size = batch_size(batch)
+                yield batch
+                events.append(self._warm(timer.done(size, epoch)))
+                size = None
+                timer.ask(timer.done_ns)
+        except GeneratorExit:  # the loop was left (a break, or an error in the step)
+            raise
+        except BaseException as error:  # the loader failed: recorded, and raised on
+            reason = f"{type(error).__name__}: {error}".splitlines()[0]
+            recording.finish(RunStatus.FAILED, reason)
+            raise
+        finally:
+            if size is not None:
+                events.append(self._warm(timer.done(size, epoch)))
+            self._active[0] = False
+
+    def _warm(self, event: BatchEvent) -> BatchEvent:
+        return replace(event, warmup=True) if self._warmup.warming(event) else event
+
+
+def _workers(iterable: Any) -> int | None:
+    """A torch DataLoader's workers, which make batches in turn."""
+    workers = getattr(iterable, "num_workers", None)
+    return workers if isinstance(workers, int) else None
+
+
+def batch_size(batch: Any) -> int:
+    """How many samples a batch holds: the first dimension of its first tensor (tuples, lists
+    and dicts are looked into, as DataLoader and DALI iterators yield them); 1 if none."""
+    for _ in range(4):
+        shape = getattr(batch, "shape", None)
+        if shape is not None and len(shape) > 0:
+            return int(shape[0])
+        if isinstance(batch, dict) and batch:
+            batch = next(iter(batch.values()))
+        elif isinstance(batch, (list, tuple)) and batch:
+            batch = batch[0]
+        else:
+            break
+    return 1
+
+
+class _Recording:
+    """One watched iteration: the run in the store, the samplers, a thread writing both."""
+
+    def __init__(self, store_path: Path, run: RunRecord, lane: int, shift: int, gpus: Any) -> None:
+        self.store_path, self.run, self.lane, self.shift = store_path, run, lane, shift
+        # Without CUDA a batch in hand is ready; on a GPU the loop must not be made to wait.
+        self._wait_for_device = device_sync(None) if _without_cuda() else None
+        self._numbers = itertools.count()  # the lane's batches, over all its epochs
+        self.events: deque[BatchEvent] = deque()  # appended by the loop, taken by the writer
+        self.gpus = gpus
+        self.recorder: Recorder | None = None
+        self._done = threading.Event()
+        self._ended: tuple[RunStatus, str | None] | None = None
+        self.ended = False
+        self._thread = threading.Thread(
+            target=self._write_loop, name="feedscope-watch", daemon=True
+        )
+
+    @classmethod
+    def start(cls, watched: Watched[Any]) -> _Recording | None:
+        try:
+            return cls._start(watched)
+        except Exception as error:  # never break training
+            _warn_once(f"not recording: {error}")
+            return None
+
+    @classmethod
+    def _start(cls, watched: Watched[Any]) -> _Recording:
+        from probe.measure.config import describe_host, new_run_id
+        from probe.measure.distributed import torchrun_rank
+        from probe.measure.samplers.host import HostSampler
+        from probe.measure.samplers.nvml import GpuSampler
+
+        try:
+            rank = torchrun_rank()
+        except InputError:
+            rank = None
+        call = next(_calls)
+        world = rank.world_size if rank is not None else 1
+        lane = rank.rank if rank is not None else 0
+        device = _device_in_use(rank)
+        gpus = None
+        if device is not None and watched.sample_hz > 0:
+            gpus = GpuSampler([device.uuid])
+        if world > 1:  # every rank derives the same id, with no collective call
+            launch = os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("MASTER_PORT", "")
+            restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+            key = f"{launch}/{restart}/{watched.name}/{call}"
+            run_id = time.strftime("%Y%m%d-", time.gmtime()) + "watch-" + hashlib.sha1(
+                key.encode()
+            ).hexdigest()[:8]  # fmt: skip
+        else:
+            run_id = new_run_id()
+        hostname = socket.gethostname()
+        kind, spec = _describe(watched.iterable)
+        run = RunRecord(
+            run_id=run_id, kind="watch", created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            status=RunStatus.RUNNING, reason=None, pipeline=kind, consumer="your training step",
+            label=watched.name,
+            config={
+                "pipeline": kind, "spec": spec, "consumer": "your training step",
+                "warmup": watched.warmup, "read": "epochs", "batches": None, "duration_s": None,
+                "sample_hz": watched.sample_hz, "world_size": world, "torchrun": rank is not None,
+                "lanes": [{"lane": lane, "gpu": None if device is None else device.index,
+                           "shard_id": lane, "num_shards": world}],
+                "iterable": _type_name(watched.iterable),
+            },
+            host=describe_host(gpus), hostname=hostname, pid=os.getpid(),
+            started_ns=time.monotonic_ns(), ended_ns=None,
+        )  # fmt: skip
+        record = LaneRecord(
+            run_id, lane, None if device is None else device.index,
+            None if device is None else device.uuid, lane, world, hostname, os.getpid(),
+            RunStatus.RUNNING, None, None,
+        )  # fmt: skip
+        with Store(watched.db) as store:
+            import_run(store, RunExport(run, [record], [], [], {}, [], []))
+            here = store.run(run_id)
+            shift = 0 if here.hostname == hostname else clock_shift(here.host, run.host)
+            path = store.path
+        recording = cls(path, run, lane, shift, gpus)
+        if watched.sample_hz > 0:
+            # Under torchrun the node's ranks are the launcher's children: all of them are the
+            # job's, not the host's other load.
+            root = os.getppid() if rank is not None else None
+            recording.recorder = Recorder(watched.sample_hz, gpus, HostSampler(root))
+            recording.recorder.set_lane_pid(lane, os.getpid())
+            recording.recorder.start()
+        recording._thread.start()
+        atexit.register(recording.finish_quietly, watched._active)
+        return recording
+
+    def timer(self) -> BatchTimer:
+        """A timer for one `for` over the loader, numbering on from the others."""
+        return BatchTimer(self.lane, self._wait_for_device, self._numbers)
+
+    def finish(self, status: RunStatus, reason: str | None) -> None:
+        """Ends the recording: the writer writes what is left, the lane's figures and status."""
+        if self._ended is not None:
+            return
+        self._ended = (status, reason)
+        self.ended = True
+        self._done.set()
+        self._thread.join(timeout=30)
+        atexit.unregister(self.finish_quietly)
+
+    def finish_quietly(self, active: list[bool]) -> None:
+        """The run's end when nobody ended it: completed, unless a `for` was under way."""
+        if active[0]:
+            self.finish(RunStatus.INTERRUPTED, "the process exited mid-loop")
+        else:
+            self.finish(RunStatus.COMPLETED, None)
+
+    def _write_loop(self) -> None:
+        from probe.store.documents import figures_from_store
+
+        try:
+            with Store(self.store_path) as store:
+                while not self._done.wait(WRITE_EVERY_S):
+                    self._write(store)
+                if self.recorder is not None:
+                    self.recorder.stop()
+                if self.gpus is not None:
+                    self.gpus.close()
+                self._write(store)
+                status, reason = self._ended or (RunStatus.INTERRUPTED, None)
+                run, lane = store.run(self.run.run_id), store.lanes(self.run.run_id)
+                mine = next(x for x in lane if x.lane == self.lane)
+                store.update_lane(run.run_id, self.lane, status=status, reason=reason,
+                                  summary=figures_from_store(store, run, mine))  # fmt: skip
+                settle_run(store, run.run_id)
+        except Exception as error:  # never break training
+            _warn_once(f"recording stopped: {error}")
+
+    def _write(self, store: Store) -> None:
+        events = [self.events.popleft() for _ in range(len(self.events))]
+        drained = self.recorder.drain() if self.recorder is not None else Drained()
+        export = RunExport(self.run, [], events, drained.gpu, {self.run.hostname: drained.host},
+                           drained.lanes, drained.unavailable)  # fmt: skip
+        add_rows(store, export, self.shift)
+
+
+def _without_cuda() -> bool:
+    """Whether the loop surely runs without CUDA: torch is in use and sees no CUDA device."""
+    return "torch" in sys.modules and not cuda_devices()
+
+
+def _device_in_use(rank: Any) -> CudaDevice | None:
+    """The CUDA device the loop uses (the current one once CUDA is in use, else LOCAL_RANK's),
+    or None for the CPU."""
+    index = loop_device(rank.local_rank if rank is not None else 0)
+    return next((d for d in cuda_devices() if d.index == index), None)
+
+
+def _describe(iterable: Any) -> tuple[str, dict[str, Any]]:
+    """The pipeline kind ("torch", "dali" or "custom") and what can be read of its settings."""
+    module = type(iterable).__module__
+    if module.startswith("torch.utils.data"):
+        dataset = getattr(iterable, "dataset", None)
+        root = getattr(dataset, "root", None) or f"{_type_name(dataset)} (its folder not known)"
+        workers = int(getattr(iterable, "num_workers", 0))
+        return "torch", {
+            "data_dir": str(root),
+            "batch_size": getattr(iterable, "batch_size", None),
+            "dataloader": {
+                "num_workers": workers,
+                "pin_memory": bool(getattr(iterable, "pin_memory", False)),
+                "prefetch_factor": getattr(iterable, "prefetch_factor", None),
+                "persistent_workers": bool(getattr(iterable, "persistent_workers", False)),
+                "output_dtype": None,
+            },
+            "dali": {},
+        }
+    if module.startswith("nvidia.dali"):
+        pipes = getattr(iterable, "_pipes", None) or [None]
+        return "dali", {
+            "data_dir": "(read by the DALI pipeline)",
+            "batch_size": getattr(iterable, "batch_size", None),
+            "dataloader": {},
+            "dali": {"num_threads": getattr(pipes[0], "num_threads", None), "decoder": None},
+        }
+    return "custom", {
+        "data_dir": f"{_type_name(iterable)} (not known)", "batch_size": None, "dataloader": {},
+        "dali": {},
+    }  # fmt: skip
+
+
+def _type_name(value: object) -> str:
+    return f"{type(value).__module__}.{type(value).__name__}"
+
+
+def _warn_once(message: str) -> None:
+    if not _warned:
+        _warned.append(message)
+        warnings.warn(f"feedscope watch: {message}; training goes on", RuntimeWarning, stacklevel=3)

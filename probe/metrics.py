@@ -1,0 +1,384 @@
+"""Every figure feedscope shows, defined once: what it is computed from, its label and unit, the
+source that measures it, how it is written, and how a run's lanes make one run-level figure.
+
+The `probe` command's tables, the reports, the dashboard and the diagnosis read labels, units
+and values from here, and the store's GPU sample columns are `GPU_METRICS`' names.
+
+A lane's figures (`lane_figures`) come from its measured batch events, warm-up ones left out,
+and from the samples of its measured window. A batch's time is its wait plus its step
+(`batch_seconds`): images/s is images over that time and data-wait (`wait_share`) the share of
+it spent waiting for batches, each with its 95% error (`probe.steady`).
+
+The run-level rule (`Metric.across`): images/s and CPU cores add up over the lanes (errors in
+quadrature); data-wait and batch latency are the worst lane's, because under DDP every step
+waits for the slowest rank; GPU figures are the lanes' mean.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from enum import Enum
+from typing import Any, TypeVar
+
+from probe.records import BatchEvent, GpuSample, LaneCpuSample, RunRecord
+from probe.steady import batch_seconds, data_wait, epoch_starts, images_per_s
+
+
+class Source(str, Enum):
+    """What measures a figure; shown next to it."""
+
+    BATCHES = "batch clock"  # the lanes' own timing of each batch
+    GPM = "GPM"  # NVML's GPU performance monitoring (Hopper and newer)
+    NVML = "NVML"
+    PSUTIL = "psutil"
+
+
+class Across(str, Enum):
+    """How a run's lanes make its run-level figure."""
+
+    SUM = "sum"
+    WORST = "worst"  # the largest: DDP waits for the slowest rank
+    MEAN = "mean"
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One figure: its key (a field, a JSON key and a store column), how it is shown, and how
+    a run's lanes combine into one."""
+
+    name: str
+    label: str  # "data-wait", "SM activity"
+    unit: str  # "%", "images/s", "ms", "cores", "MiB", "W", "MiB/s", or "" for none
+    source: Source
+    digits: int = 0  # decimals shown
+    scale: float = 1.0  # shown = stored x scale (a share 0.31 is 31%; 250% of one core is 2.5)
+    across: Across = Across.MEAN
+    note: str = ""  # what to know when reading it
+    integer: bool = False  # stored as a whole number (a bit mask)
+
+    @property
+    def title(self) -> str:
+        """The label with its source: 'SM activity (GPM)', 'kernel-active (NVML
+        utilization.gpu)'; figures of the batch clock need none."""
+        if self.source is Source.BATCHES:
+            return self.label
+        return f"{self.label} ({self.source.value}{f' {self.note}' if self.note else ''})"
+
+    @property
+    def heading(self) -> str:
+        """A table column: the label, with its unit where the cells do not carry it
+        ('data-wait', 'images/s', 'CPU cores', 'memory used MiB')."""
+        if self.unit == "%":
+            return self.label
+        return self.axis
+
+    @property
+    def axis(self) -> str:
+        """A chart's axis or trace: the label and its unit, 'data-wait %'."""
+        if not self.unit or self.unit in self.label:
+            return self.label
+        return f"{self.label} {self.unit}"
+
+    def number(self, value: float | None) -> str:
+        """The value as shown, without its unit: '31.0', '3,945'; '-' for none."""
+        if value is None:
+            return "-"
+        return f"{value * self.scale:,.{self.digits}f}"
+
+    def cell(self, value: float | None, error: float | None = None) -> str:
+        """The value for a table cell under `heading`: '31.0% ± 1.2%' for a share, '3,945 ±
+        40' for images/s, '2.5' for cores; '-' for none."""
+        if value is None:
+            return "-"
+        sign = "%" if self.unit == "%" else ""
+        shown = f"{self.number(value)}{sign}"
+        return shown if error is None else f"{shown} ± {self.number(error)}{sign}"
+
+    def text(self, value: float | None, error: float | None = None) -> str:
+        """The value in running text, with its unit: '31.0%', '3,945 ± 40 images/s',
+        '2.5 cores'; '-' for none."""
+        shown = self.cell(value, error)
+        if value is None or not self.unit or self.unit == "%":
+            return shown
+        return f"{shown} {self.unit}"
+
+    def of_run(self, values: Iterable[float | None]) -> float | None:
+        """The run-level figure of its lanes' values (None where no lane has one)."""
+        present = [v for v in values if v is not None]
+        if not present:
+            return None
+        if self.across is Across.SUM:
+            return sum(present)
+        if self.across is Across.WORST:
+            return max(present)
+        return sum(present) / len(present)
+
+
+# Figures of the batch clock (the lanes' timing of each batch).
+IMAGES_PER_S = Metric("images_per_s", "images/s", "images/s", Source.BATCHES, across=Across.SUM)
+DATA_WAIT = Metric(
+    "data_wait_frac", "data-wait", "%", Source.BATCHES, digits=1, scale=100.0, across=Across.WORST
+)
+LATENCY = Metric("batch_latency_ms", "batch latency", "ms", Source.BATCHES, 1, across=Across.WORST)
+# The CPU of a lane's processes (its loader's workers or threads included), in % of one core.
+CPU = Metric("cpu_pct", "CPU cores", "cores", Source.PSUTIL, 1, scale=0.01, across=Across.SUM)
+MAIN_THREAD_CPU = Metric("main_thread_cpu_pct", "training loop thread", "%", Source.PSUTIL)
+
+# GPU samples, in the store's column order.
+KERNEL_ACTIVE = Metric(
+    "kernel_active_pct", "kernel-active", "%", Source.NVML, note="utilization.gpu, overstates"
+)
+SM_ACTIVE = Metric("sm_active_pct", "SM activity", "%", Source.GPM)
+SM_OCCUPANCY = Metric("sm_occupancy_pct", "SM occupancy", "%", Source.GPM)
+NVJPG = Metric("nvjpg_pct", "JPEG decoder", "%", Source.NVML)
+NVJPG_GPM = Metric("nvjpg_gpm_pct", "JPEG decoders", "%", Source.GPM, note="mean of engines")
+MEMORY = Metric("memory_used_mib", "memory used", "MiB", Source.NVML, across=Across.SUM)
+PCIE_RX = Metric("pcie_rx_mib_s", "PCIe to GPU", "MiB/s", Source.GPM)
+PCIE_TX = Metric("pcie_tx_mib_s", "PCIe from GPU", "MiB/s", Source.GPM)
+POWER = Metric("power_w", "power", "W", Source.NVML)
+CLOCKS = Metric(
+    "clocks_event_reasons", "clocks event reasons (bit mask)", "", Source.NVML, integer=True
+)
+GPU_METRICS = (
+    KERNEL_ACTIVE, SM_ACTIVE, SM_OCCUPANCY, NVJPG, NVJPG_GPM, MEMORY, PCIE_RX, PCIE_TX, POWER,
+    CLOCKS,
+)  # fmt: skip
+GPU_COLUMNS = tuple(m.name for m in GPU_METRICS)
+
+
+def busy_metric(source: str | None) -> Metric | None:
+    """The metric a lane's GPU busy-ness (`sm_active_pct` with `sm_active_source`) is: SM
+    activity where GPM gives it, else NVML's kernel-active, which overstates it."""
+    return {"gpm": SM_ACTIVE, "nvml": KERNEL_ACTIVE}.get(source or "")
+
+
+def wait_share(wait_s: float, step_s: float) -> float | None:
+    """Data-wait: the share of batch time (wait plus step) spent waiting for batches; None
+    without any time. Every data-wait shown is this, of some batches' sums."""
+    seconds = wait_s + step_s
+    return wait_s / seconds if seconds > 0 else None
+
+
+def percentiles(values: Sequence[float]) -> Percentiles:
+    """p50, p95 and p99 (inclusive method: never outside the values seen). Every percentile
+    shown is this."""
+    if not values:
+        return Percentiles()
+    if len(values) == 1:
+        return Percentiles(values[0], values[0], values[0])
+    cuts = statistics.quantiles(values, n=100, method="inclusive")
+    return Percentiles(statistics.median(values), cuts[94], cuts[98])
+
+
+def errors_added(errors: Iterable[float | None]) -> float | None:
+    """The error of a sum: its parts' errors in quadrature (None if one is not known)."""
+    parts = list(errors)
+    if not parts or any(e is None for e in parts):
+        return None
+    return math.hypot(*(float(e) for e in parts if e is not None))
+
+
+@dataclass(frozen=True)
+class Percentiles:
+    p50: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+
+
+@dataclass(frozen=True)
+class EpochStartCost:
+    """What a lane's measured epoch starts cost (`probe.steady.epoch_starts`), split where the
+    lane saw its loader start into the loader's start and the prefetch's refill."""
+
+    starts: int
+    batches_per_epoch: float
+    opening_batches: int
+    stall_ms: float  # per start
+    share: float  # of the measured time
+    steady_images_per_s: float  # with the stalls taken out
+    loader_start_ms: float | None = None
+    refill_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class LaneFigures:
+    """One lane's figures over its measured batches (warm-up ones left out), and how the lane
+    ran. The JSON keys of a run document's lanes are these fields' names."""
+
+    warmup_batches: int = 0
+    warmup_s: float = 0.0
+    batches: int = 0
+    images: int = 0
+    seconds: float = 0.0
+    images_per_s: float = 0.0
+    images_per_s_error: float | None = None  # 95% interval half-width
+    data_wait_frac: float | None = None
+    data_wait_frac_error: float | None = None
+    blocks: int = 0  # the blocks its errors rest on
+    epoch_start: EpochStartCost | None = None
+    batch_latency_ms: Percentiles = field(default_factory=Percentiles)
+    wait_ms_p50: float | None = None
+    step_ms_p50: float | None = None
+    sm_active_pct: float | None = None  # GPU busy-ness: the metric `sm_active_source` says
+    sm_active_source: str | None = None  # "gpm" or "nvml" (see `busy_metric`)
+    kernel_active_pct: float | None = None
+    sm_occupancy_pct: float | None = None
+    nvjpg_pct: float | None = None
+    memory_used_mib: float | None = None
+    cpu_pct: float | None = None  # the lane's processes, % of one core
+    main_thread_cpu_pct: float | None = None
+    # How the lane ran, as it said when it ended (None: not said, as for a watched loop).
+    skipped_files: int | None = None
+    capped: bool | None = None  # measuring stopped at its time limit before it was precise
+    warmup_settled: bool | None = None
+    build_s: float | None = None  # the pipeline's build
+    startup_s: float | None = None  # the lane process's start, consumer included
+    consumer_alone: Mapping[str, Any] | None = None  # the consumer on batches on the device
+
+    @property
+    def busy(self) -> Metric | None:
+        """The metric of `sm_active_pct`."""
+        return busy_metric(self.sm_active_source)
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        if self.consumer_alone is not None:
+            out["consumer_alone"] = dict(self.consumer_alone)
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> LaneFigures:
+        """Figures from their JSON (keys it does not know are left out: a newer store's)."""
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        if values.get("epoch_start") is not None:
+            values["epoch_start"] = EpochStartCost(**values["epoch_start"])
+        if values.get("batch_latency_ms") is not None:
+            values["batch_latency_ms"] = Percentiles(**values["batch_latency_ms"])
+        else:
+            values.pop("batch_latency_ms", None)
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class Reading:
+    """How a lane's loader reads, as far as its figures need it."""
+
+    loaders: int | None = None  # DataLoader workers, which make batches in turn
+    opening: int = 1  # batches that open an epoch: a DataLoader makes one per worker at once
+
+    @classmethod
+    def of(cls, run: RunRecord) -> Reading:
+        loader = run.config.get("spec", {}).get("dataloader") or {}
+        workers = loader.get("num_workers") if run.pipeline == "torch" else None
+        return cls(workers, max(1, workers or 1))
+
+
+def lane_figures(
+    events: Sequence[BatchEvent],
+    gpu_samples: Sequence[GpuSample] = (),
+    cpu_samples: Sequence[LaneCpuSample] = (),
+    *,
+    reading: Reading | None = None,
+    starts: Sequence[Sequence[int]] | None = None,
+) -> LaneFigures:
+    """One lane's figures.
+
+    Args:
+        events: the lane's batch events, warm-up ones included (they are left out here).
+        gpu_samples: samples of the lane's GPU (any time span: the window is cut here).
+        cpu_samples: the lane's CPU samples.
+        reading: how the lane's loader reads (its workers size the blocks of the errors).
+        starts: the loader's starts of reading as the lane saw them, [epoch, started_ns,
+            ready_ns] each: what splits an epoch start's cost.
+    """
+    reading = reading or Reading()
+    measured = [e for e in events if not e.warmup]
+    warmup = [e for e in events if e.warmup]
+    counts = LaneFigures(
+        warmup_batches=len(warmup),
+        warmup_s=sum(batch_seconds(e) for e in warmup),
+        batches=len(measured),
+        images=sum(e.size for e in measured),
+    )
+    if not measured:
+        return counts
+    rate = images_per_s(measured, reading.loaders)
+    wait = data_wait(measured, reading.loaders)
+    start_ns = measured[0].t_ns
+    end_ns = max(e.t_ns + int(batch_seconds(e) * 1e9) for e in measured)
+    gpu = _covering(gpu_samples, start_ns, end_ns)
+    sm_active = _mean(s.sm_active_pct for s in gpu)
+    kernel_active = _mean(s.kernel_active_pct for s in gpu)
+    source = "gpm" if sm_active is not None else "nvml" if kernel_active is not None else None
+    cpu = _covering(cpu_samples, start_ns, end_ns)
+    return LaneFigures(
+        warmup_batches=counts.warmup_batches,
+        warmup_s=counts.warmup_s,
+        batches=counts.batches,
+        images=counts.images,
+        seconds=sum(batch_seconds(e) for e in measured),
+        images_per_s=rate.value,
+        images_per_s_error=rate.error,
+        data_wait_frac=min(1.0, wait.value),
+        data_wait_frac_error=wait.error,
+        blocks=rate.blocks,
+        epoch_start=_epoch_start(events, reading, starts),
+        batch_latency_ms=percentiles([batch_seconds(e) * 1e3 for e in measured]),
+        wait_ms_p50=statistics.median(e.wait_s * 1e3 for e in measured),
+        step_ms_p50=statistics.median(e.step_s * 1e3 for e in measured),
+        sm_active_pct=sm_active if sm_active is not None else kernel_active,
+        sm_active_source=source,
+        kernel_active_pct=kernel_active,
+        sm_occupancy_pct=_mean(s.sm_occupancy_pct for s in gpu),
+        nvjpg_pct=_mean(s.nvjpg_pct for s in gpu),
+        memory_used_mib=max(
+            (s.memory_used_mib for s in gpu if s.memory_used_mib is not None), default=None
+        ),
+        cpu_pct=_mean(s.cpu_pct for s in cpu),
+        main_thread_cpu_pct=_mean(s.main_thread_cpu_pct for s in cpu),
+    )
+
+
+def _epoch_start(
+    events: Sequence[BatchEvent], reading: Reading, starts: Sequence[Sequence[int]] | None
+) -> EpochStartCost | None:
+    found = epoch_starts(events, reading.opening)
+    if found is None:
+        return None
+    starting = None
+    if starts:
+        opened = {e.epoch for i, e in enumerate(events) if i and e.epoch != events[i - 1].epoch}
+        measured = {e.epoch for e in events if not e.warmup}
+        spans = [(ready - begun) / 1e9 for epoch, begun, ready in starts
+                 if epoch in opened & measured]  # fmt: skip
+        starting = min(found.stall_s, sum(spans) / len(spans)) if spans else None
+    return EpochStartCost(
+        starts=found.starts,
+        batches_per_epoch=found.batches_per_epoch,
+        opening_batches=found.opening_batches,
+        stall_ms=found.stall_s * 1e3,
+        share=found.share,
+        steady_images_per_s=found.steady_images_per_s,
+        loader_start_ms=None if starting is None else starting * 1e3,
+        refill_ms=None if starting is None else (found.stall_s - starting) * 1e3,
+    )
+
+
+_Timed = TypeVar("_Timed", GpuSample, LaneCpuSample)
+
+
+def _covering(samples: Sequence[_Timed], start_ns: int, end_ns: int) -> list[_Timed]:
+    """The samples within [start, end], and the first after it: a sample covers the interval
+    that ends at its time, so that one covers the window's end (or all of a short window)."""
+    inside = [s for s in samples if start_ns <= s.t_ns <= end_ns]
+    after = next((s for s in samples if s.t_ns > end_ns), None)
+    return inside + ([after] if after is not None else [])
+
+
+def _mean(values: Iterable[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return sum(present) / len(present) if present else None

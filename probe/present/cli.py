@@ -1,0 +1,351 @@
+"""The `probe` command (also `python -m probe`): its command group, options and commands.
+
+Exit codes: 0 ok, 1 the run failed, 2 bad usage or bad input (one line, no traceback), 130 the
+run was interrupted (what it recorded is kept). With `--json` a command prints one JSON document
+on stdout; human text goes to stderr, except a command's final table, which goes to stdout.
+
+The measuring options are built from `probe.present.options.FLAGS`; what each command does is
+in `measuring` (bench, run, sweep, doctor) and `stored` (runs, show, report, check, merge).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar, cast
+
+import click
+
+from pipelines import Backend, InputError
+from pipelines.sample_data import DEFAULT_SAMPLE, SampleParams, make_sample_dataset
+from probe.present import console, measuring, stored
+from probe.present.options import Flag, LaneArgs, PipelineArgs, flags
+
+EXIT_USAGE = 2
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _options(*options: Callable[[F], F]) -> Callable[[F], F]:
+    def apply(function: F) -> F:
+        for option in reversed(options):
+            function = option(function)
+        return function
+
+    return apply
+
+
+def _option(flag: Flag) -> Callable[[F], F]:
+    """A row of the flag table as a click option."""
+    settings: dict[str, Any] = {
+        "default": flag.default,
+        "show_default": flag.default not in (None, False),
+        "help": flag.help,
+    }
+    declaration = flag.name
+    if flag.type is bool and flag.default:
+        declaration = f"{flag.name}/{flag.off}"
+    elif flag.type is bool:
+        settings["is_flag"] = True
+    elif isinstance(flag.type, tuple):
+        settings["type"] = click.Choice(flag.type)
+    elif flag.type is Path:
+        settings["type"] = click.Path(path_type=Path)
+    else:
+        settings["type"] = flag.type
+    return click.option(declaration, flag.dest, **settings)
+
+
+def _flag_options(command: str) -> Callable[[F], F]:
+    """`command`'s own options from the flag table, each passed as an argument."""
+    return _options(*(_option(flag) for flag in flags(command, "command")))
+
+
+def _bundled(kind: type[PipelineArgs | LaneArgs], command: str) -> Callable[[F], F]:
+    """`command`'s options of the table's group `pipeline` or `lanes`, passed as one `kind`
+    object (argument `pipeline` or `lanes`)."""
+    group = "pipeline" if kind is PipelineArgs else "lanes"
+
+    def decorate(function: F) -> F:
+        @functools.wraps(function)
+        def command_(**kwargs: Any) -> Any:
+            values = {flag.dest: kwargs.pop(flag.dest) for flag in flags(command, group)}
+            return function(**{group: kind.of(values, command)}, **kwargs)
+
+        options = _options(*(_option(flag) for flag in flags(command, group)))
+        return options(cast(F, command_))
+
+    return decorate
+
+
+_json_option = click.option(
+    "--json", "as_json", is_flag=True, help="Print one JSON document on stdout."
+)
+_store_option = click.option(
+    "--db", type=click.Path(path_type=Path), default=None,
+    help="The store (an SQLite file).  [default: $FEEDSCOPE_DB, else your data folder]",
+)  # fmt: skip
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="feedscope", prog_name="probe")
+def cli() -> None:
+    """feedscope: is your GPU waiting for data, why, and what should you change?"""
+
+
+@cli.group()
+def data() -> None:
+    """Datasets: make a synthetic one to measure with."""
+
+
+@data.command("make")
+@click.argument("directory", type=click.Path(path_type=Path))
+@click.option("--count", default=DEFAULT_SAMPLE.count, show_default=True, help="Images to write.")
+@click.option("--classes", default=DEFAULT_SAMPLE.classes, show_default=True, help="Class folders.")
+@click.option(
+    "--seed", default=DEFAULT_SAMPLE.seed, show_default=True, help="Same seed, same files."
+)
+def data_make(directory: Path, count: int, classes: int, seed: int) -> None:
+    """Write natural-looking JPEGs into DIRECTORY/class_XX/ (a new or empty folder)."""
+    params = SampleParams(count=count, classes=classes, seed=seed)
+    with console.progress() as bar:
+        task = bar.add_task("writing JPEGs", total=count)
+        summary = make_sample_dataset(directory, params, progress=lambda n: bar.advance(task, n))
+    console.err.print(
+        f"wrote {summary.count} images in {summary.classes} classes to {summary.root} "
+        f"(mean {summary.mean_kb:.0f} KB)"
+    )
+
+
+@cli.command()
+@_bundled(PipelineArgs, "bench")
+@_json_option
+@click.option(
+    "--pipeline",
+    "backends",
+    type=click.Choice([b.value for b in Backend]),
+    multiple=True,
+    help="Pipeline to measure; repeat for several.  [default: torch and dali]",
+)
+@click.option(
+    "--gpu",
+    default=None,
+    help="CUDA device index, or 'none' for the CPU.  [default: GPU 0 if there is one]",
+)
+@click.option(
+    "--warmup",
+    default=3,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Batches run before measuring.",
+)
+@click.option(
+    "--duration",
+    default=8.0,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds measured per pipeline.",
+)
+@click.option("--batches", default=None, type=click.IntRange(min=1),
+              help="Stop after this many measured batches, if sooner.")  # fmt: skip
+def bench(
+    pipeline: PipelineArgs,
+    as_json: bool,
+    backends: Sequence[str],
+    gpu: str | None,
+    warmup: int,
+    duration: float,
+    batches: int | None,
+) -> int:
+    """Measure the DataLoader and DALI pipelines alone on the same data: images/s.
+
+    Both pipelines are built from one spec and get the same CPU budget (workers = threads),
+    in this process, with no consumer and no store: a quick comparison.
+    """
+    return measuring.bench(pipeline, as_json, backends, gpu, warmup, duration, batches)
+
+
+@cli.command()
+@_bundled(PipelineArgs, "run")
+@_bundled(LaneArgs, "run")
+@_json_option
+@_store_option
+@_flag_options("run")
+@click.option("--no-gather", is_flag=True,
+              help="Under torchrun: each rank adds its lane to its own --db (a store per node, "
+                   "joined later by probe merge) instead of sending it to rank 0.")  # fmt: skip
+def run(
+    pipeline: PipelineArgs,
+    lanes: LaneArgs,
+    as_json: bool,
+    db: Path | None,
+    backend: str,
+    batches: int | None,
+    duration: float | None,
+    label: str | None,
+    no_gather: bool,
+) -> int:
+    """Run a pipeline on the chosen GPUs and shards, sample the hardware, and record it all.
+
+    One process per GPU, lane i reading shard i of N, as DDP training does; with --gpus none,
+    one CPU lane per shard. Ctrl-C stops the run and keeps what it recorded.
+
+    Under torchrun, one lane per rank: it drives cuda:LOCAL_RANK (or the CPU with --gpus none)
+    and reads shard RANK of WORLD_SIZE; rank 0 records the run with every rank's lane.
+    """
+    return measuring.run(pipeline, lanes, as_json, db, Backend(backend), batches, duration,
+                         label, no_gather)  # fmt: skip
+
+
+@cli.command()
+@_bundled(PipelineArgs, "sweep")
+@_bundled(LaneArgs, "sweep")
+@_json_option
+@_store_option
+@_flag_options("sweep")
+def sweep(
+    pipeline: PipelineArgs,
+    lanes: LaneArgs,
+    as_json: bool,
+    db: Path | None,
+    backend: str,
+    values: str | None,
+    budget: float,
+) -> int:
+    """Sweep DataLoader workers (or DALI threads): each setting a run; find the knee.
+
+    The lanes start once and stay warm; each setting rebuilds only the pipeline and is measured
+    until its images/s is known within --precision. The knee is the smallest setting not
+    significantly below 95% of the best; settings past the best that are significantly below
+    it are flagged oversubscribed. The sweep stops once throughput has clearly fallen past its
+    peak, and drops the settings its budget cannot fit.
+    """
+    return measuring.sweep(pipeline, lanes, as_json, db, Backend(backend), values, budget)
+
+
+@cli.command()
+@_bundled(PipelineArgs, "doctor")
+@_bundled(LaneArgs, "doctor")
+@_json_option
+@_store_option
+@_flag_options("doctor")
+def doctor(
+    pipeline: PipelineArgs,
+    lanes: LaneArgs,
+    as_json: bool,
+    db: Path | None,
+    budget: float | None,
+) -> int:
+    """The whole diagnosis: is the GPU starved, why, and what to change; verified by running it.
+
+    On lanes kept warm (the consumer built, tuned and timed alone once), it measures your
+    setting (--workers, default the cores per GPU), searches DataLoader workers from it, runs
+    DALI (mixed on a GPU, cpu without), reads your setting epoch by epoch where the shard is
+    short enough for epoch starts to matter, ranks the changes by measured throughput, and runs
+    the first one again to check it. Every point is measured until its images/s is known within
+    --precision. The default consumer is a 30 ms step per batch: what ResNet-50 takes at batch
+    128 on one H200.
+    """
+    return measuring.doctor(pipeline, lanes, as_json, db, budget)
+
+
+@cli.command()
+@_store_option
+@_json_option
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(min=1))
+def runs(db: Path | None, as_json: bool, limit: int) -> int:
+    """List the recorded runs, newest first."""
+    return stored.runs(db, as_json, limit)
+
+
+@cli.command()
+@_store_option
+@click.argument("run_id", metavar="RUN")
+@_json_option
+def show(db: Path | None, run_id: str, as_json: bool) -> int:
+    """Show a run and its diagnosis (its id, a unique start of it, or `last`), or a sweep or
+    doctor session (its id)."""
+    return stored.show(db, run_id, as_json)
+
+
+@cli.command()
+@_store_option
+@click.argument("subject", metavar="RUN")
+@click.option(
+    "--format",
+    "form",
+    type=click.Choice(["html", "md", "json"]),
+    default=None,
+    help="html (self-contained, works offline), md (a summary for a PR comment) or "
+    "json (everything).  [default: from -o's suffix, else md]",
+)
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="The file to write.  [default: standard output]")  # fmt: skip
+def report(db: Path | None, subject: str, form: str | None, output: Path | None) -> int:
+    """Write a report of a run (its id, a unique start of it, or `last`) or of a doctor or sweep
+    session (its id): verdict, recommendations, lanes, timelines, host, and the configuration
+    that reproduces it."""
+    return stored.report(db, subject, form, output)
+
+
+@cli.command()
+@_store_option
+@click.argument("run_id", metavar="RUN")
+@click.option(
+    "--max-data-wait",
+    metavar="F",
+    help="Most data-wait a lane may have: a share (0.2) or a percentage (20%).",
+)
+@click.option(
+    "--min-images-per-s", type=float, metavar="N", help="Fewest images/s a lane may deliver."
+)
+@click.option(
+    "--max-batch-latency-p99-ms",
+    type=float,
+    metavar="M",
+    help="Longest 99th-percentile batch latency (wait plus step) a lane may have.",
+)
+@_json_option
+def check(db: Path | None, run_id: str, max_data_wait: str | None,
+          min_images_per_s: float | None, max_batch_latency_p99_ms: float | None,
+          as_json: bool) -> int:  # fmt: skip
+    """Gate on a run (its id, a unique start of it, or `last`): exit 0 when every lane meets
+    every threshold given, 1 when one misses (each miss printed) or the run did not complete."""
+    return stored.check(db, run_id, max_data_wait, min_images_per_s, max_batch_latency_p99_ms,
+                        as_json)  # fmt: skip
+
+
+@cli.command()
+@click.argument(
+    "sources",
+    metavar="DB...",
+    nargs=-1,
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+)
+@_store_option
+def merge(sources: tuple[Path, ...], db: Path | None) -> int:
+    """Add the runs of other stores to this one (--db).
+
+    A run already here gets the lanes it lacks: the nodes of a torchrun probe with --no-gather,
+    or of a watched DDP job, each wrote their lanes to a store of their own.
+    """
+    return stored.merge(sources, db)  # fmt: skip
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the command (`argv`, else the process's arguments) and returns its exit code; user
+    errors become one line on stderr and exit code 2."""
+    try:
+        code = cli.main(args=argv, prog_name="probe", standalone_mode=False)
+    except click.ClickException as error:  # usage errors, exit code 2
+        click.echo(f"error: {error.format_message()}", err=True)
+        return error.exit_code
+    except InputError as error:
+        click.echo(f"error: {error}", err=True)
+        return EXIT_USAGE
+    except (click.Abort, KeyboardInterrupt):
+        click.echo("interrupted", err=True)
+        return measuring.EXIT_INTERRUPTED
+    return code if isinstance(code, int) else 0

@@ -1,0 +1,384 @@
+"""What the measuring commands do: `probe bench`, `run` (alone or as a torchrun rank), `sweep`
+and `doctor`. Each returns the command's exit code: 0, EXIT_FAILED where the run or session
+failed, EXIT_INTERRUPTED where it was stopped (what it recorded is kept).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from pipelines import (
+    Backend,
+    BackendUnavailable,
+    InputError,
+    available_cpus,
+    check_backend,
+    check_device,
+    discover,
+)
+from pipelines.loader import cuda_device_count
+from probe.measure.bench import BenchResult
+from probe.present import console, terminal
+from probe.present.options import (
+    DOCTOR_CONSUMER,
+    LaneArgs,
+    PipelineArgs,
+    check_budget,
+    doctor_budget,
+    probe_config,
+)
+from probe.records import RunStatus
+from probe.store.db import Store
+
+if TYPE_CHECKING:
+    from probe.measure.config import ProbeConfig  # imported where used: it brings torch
+    from probe.measure.distributed import Rank
+
+STARTED = time.monotonic()  # the command's start: a session's budget counts from it
+BENCH_SCHEMA = "feedscope.bench/1"
+EXIT_FAILED, EXIT_INTERRUPTED = 1, 130
+
+
+def exit_code(status: str) -> int:
+    """The command's exit code for how its run or session ended."""
+    if status == RunStatus.INTERRUPTED.value:
+        return EXIT_INTERRUPTED
+    if status == RunStatus.FAILED.value:
+        return EXIT_FAILED
+    return 0
+
+
+def bench(
+    pipeline: PipelineArgs,
+    as_json: bool,
+    backends: Sequence[str],
+    gpu: str | None,
+    warmup: int,
+    duration: float,
+    batches: int | None,
+) -> int:
+    """`probe bench`: both pipelines (or those named) alone, in this process."""
+    device, device_note = _pick_gpu(gpu)
+    cpus = available_cpus()
+    spec = pipeline.spec(device, cpus)
+    check_device(device)
+    chosen = [Backend(b) for b in backends] or list(Backend)
+    missing: dict[str, str] = {}
+    for backend in list(chosen):
+        try:
+            check_backend(backend)
+        except BackendUnavailable as error:
+            if backends:  # asked for by name: an error, not a note
+                raise
+            missing[backend.value] = str(error)
+            chosen.remove(backend)
+    root = console.resolve_data(pipeline.data_dir)
+    dataset = discover(root)
+    where = "CPU" if device is None else f"GPU {device}"
+    console.err.print(
+        f"data: {root} ({len(dataset)} images, {len(dataset.classes)} classes); "
+        f"device: {where}{device_note}; batch size {pipeline.batch_size}; "
+        f"{cpus} CPU cores available"
+    )
+    spec = replace(spec, data_dir=root)
+    results = [console.bench_one(spec, b, dataset, warmup, duration, batches) for b in chosen]
+    if as_json:
+        document = {
+            "schema": BENCH_SCHEMA,
+            "data_dir": str(root),
+            "images_in_dataset": len(dataset),
+            "device": None if device is None else f"cuda:{device}",
+            "batch_size": pipeline.batch_size,
+            "cpus": cpus,
+            "results": [_result_json(r) for r in results],
+            "unavailable": missing,
+        }
+        click.echo(json.dumps(document, indent=2))
+        return 0
+    console.out.print(terminal.bench_table(results))
+    for backend_name, reason in missing.items():
+        console.err.print(f"{backend_name}: not measured: {reason}")
+    return 0
+
+
+def _result_json(result: BenchResult) -> dict[str, Any]:
+    fields_ = asdict(result)
+    fields_["backend"] = result.backend.value
+    fields_["images_per_s"] = result.images_per_s
+    return fields_
+
+
+def prepare(
+    pipeline: PipelineArgs,
+    lanes: LaneArgs,
+    db: Path | None,
+    backend: Backend,
+    batches: int | None = None,
+    duration: float | None = None,
+    label: str | None = None,
+    rank: Rank | None = None,
+    session: tuple[str, float] | None = None,
+) -> tuple[ProbeConfig, Store]:
+    """Checks everything a probe needs, cheapest first (for a `session`, a sweep's or a doctor's,
+    that its budget fits its first points); opens the store; then resolves the data (generating
+    the sample data on first use). Under torchrun, the rank's one lane."""
+    from probe.measure.config import check_config
+
+    config = probe_config(pipeline, lanes, backend, batches, duration, label, rank)
+    if session is not None:
+        check_budget(session[0], session[1], config)
+    store = Store(db)
+    data_dir = console.resolve_data(pipeline.data_dir)
+    config = replace(config, spec=replace(config.spec, data_dir=data_dir))
+    check_config(config)  # the dataset and its shards, before anything is announced
+    return config, store
+
+
+def run(
+    pipeline: PipelineArgs,
+    lanes: LaneArgs,
+    as_json: bool,
+    db: Path | None,
+    backend: Backend,
+    batches: int | None,
+    duration: float | None,
+    label: str | None,
+    no_gather: bool,
+) -> int:
+    """`probe run`: here, or as one rank of a torchrun launch."""
+    from probe.measure.distributed import torchrun_rank
+    from probe.measure.runner import run_probe
+
+    rank = torchrun_rank()
+    if rank is not None:
+        return _run_ranked(rank, pipeline, lanes, as_json, db, backend, batches, duration, label,
+                           gather=not no_gather)  # fmt: skip
+    if no_gather:
+        raise InputError("--no-gather is for runs under torchrun")
+    config, store = prepare(pipeline, lanes, db, backend, batches, duration, label)
+    console.announce(config, bool(lanes.gpus), store)
+    stop = threading.Event()
+    with console.stopping_on_signals(stop), console.live_lanes() as update:
+        run_id = run_probe(
+            config,
+            store,
+            stop=stop,
+            on_update=update,
+            on_start=lambda run_id: console.err.print(f"run {run_id}"),
+        )
+    return _finish_run(store, run_id, as_json)
+
+
+def _finish_run(store: Store, run_id: str, as_json: bool) -> int:
+    """A finished run's table, notes and diagnosis (or its JSON); its exit code."""
+    from probe.judge.diagnosis import diagnose_run
+    from probe.store.documents import read_run
+
+    document = read_run(store, run_id)
+    diagnosis = diagnose_run(store, run_id).as_dict()
+    store.close()
+    if as_json:
+        click.echo(json.dumps({**document.to_json(), "diagnosis": diagnosis}, indent=2))
+    else:
+        console.print_run(document, diagnosis)
+    return exit_code(document.status)
+
+
+def _run_ranked(
+    rank: Rank,
+    pipeline: PipelineArgs,
+    lanes: LaneArgs,
+    as_json: bool,
+    db: Path | None,
+    backend: Backend,
+    batches: int | None,
+    duration: float | None,
+    label: str | None,
+    gather: bool,
+) -> int:
+    """`probe run` as one rank of a torchrun launch."""
+    from probe.measure import distributed
+    from probe.measure.config import new_run_id
+    from probe.measure.runner import run_probe
+
+    if lanes.gpus not in (None, "none"):
+        raise InputError(
+            "under torchrun each rank drives cuda:LOCAL_RANK: leave --gpus out, or give "
+            "--gpus none for the CPU"
+        )
+    if lanes.num_shards not in (None, rank.world_size):
+        raise InputError(
+            f"under torchrun rank i reads shard i of WORLD_SIZE ({rank.world_size}): leave "
+            f"--num-shards out (got {lanes.num_shards})"
+        )
+    distributed.connect(rank)
+    try:
+        prepared, mine = None, None
+        for turn in (0, 1):  # each node's local rank 0 first: it writes the sample data once
+            if (rank.local_rank == 0) == (turn == 0):
+                try:
+                    prepared = prepare(pipeline, lanes, db, backend, batches, duration, label,
+                                       rank=rank)  # fmt: skip
+                except InputError as error:
+                    mine = str(error)
+            distributed.barrier()
+        errors = distributed.all_errors(mine)
+        if prepared is None or any(errors):
+            first = next(e for e in errors if e)
+            raise InputError(first if rank.rank == 0 else f"rank {errors.index(first)}: {first}")
+        config, store = prepared
+        if rank.rank == 0:
+            console.announce(config, bool(lanes.gpus), store)
+        run_id = distributed.shared_run_id(rank, new_run_id)
+        stop = threading.Event()
+        show = rank.rank == 0 and console.on_terminal()
+        with console.stopping_on_signals(stop), console.live_lanes(show) as update:
+            failures = distributed.run_ranked(
+                rank,
+                lambda local, run_id: run_probe(config, local, stop=stop, run_id=run_id,
+                                                on_update=update),
+                store,
+                run_id,
+                gather=gather,
+            )  # fmt: skip
+    finally:
+        distributed.disconnect()
+    for failure in failures:
+        console.say(f"not recorded: {failure}")
+    if rank.rank == 0 and (code := _finish_run(store, run_id, as_json)):
+        return code
+    store.close()
+    where = "rank 0's store" if gather else str(store.path)
+    console.err.print(f"rank {rank.rank}: lane {rank.rank} of run {run_id} recorded in {where}")
+    return 0
+
+
+def sweep(
+    pipeline: PipelineArgs,
+    lanes: LaneArgs,
+    as_json: bool,
+    db: Path | None,
+    backend: Backend,
+    values: str | None,
+    budget: float,
+) -> int:
+    """`probe sweep`: one knob over settings, each a run on lanes kept warm."""
+    from probe.judge.knee import ladder
+    from probe.judge.sweep import run_sweep
+
+    knob = "num_workers" if backend is Backend.TORCH else "num_threads"
+    config, store = prepare(pipeline, lanes, db, backend, session=("sweep", budget))
+    settings = _int_list(values, "--values") if values else ladder(_cores_per_lane(config))
+    console.err.print(
+        f"sweep: {knob} over {', '.join(map(str, settings))}; consumer {config.consumer}; "
+        f"each until images/s is known within {config.precision:.0%}; budget {budget:g} s; "
+        f"store: {store.path}"
+    )
+    with console.stopping_on_signals(stop := threading.Event()):
+        document = run_sweep(config, knob, settings, budget, store, stop=stop,
+                             on_event=console.narrator(store), started=STARTED)  # fmt: skip
+    store.close()
+    if as_json:
+        click.echo(json.dumps(document, indent=2))
+    else:
+        console.out.print(terminal.sweep_table(document["points"], knob, document))
+        if document["reason"]:
+            console.err.print(document["reason"])
+    return exit_code(document["status"])
+
+
+def doctor(
+    pipeline: PipelineArgs,
+    lanes: LaneArgs,
+    as_json: bool,
+    db: Path | None,
+    budget: float | None,
+) -> int:
+    """`probe doctor`: the whole diagnosis, on lanes kept warm, within its budget."""
+    from probe.judge.doctor import run_doctor
+    from probe.judge.knee import ladder
+
+    if lanes.read != "stream":
+        raise InputError(
+            "--read: the doctor reads your setting both ways itself (as one stream, and epoch "
+            "by epoch where the epochs are short enough to matter); leave --read out"
+        )
+    if budget is None:
+        budget = doctor_budget(lanes)
+    config, store = prepare(pipeline, lanes, db, Backend.TORCH, session=("doctor", budget))
+    cores = _cores_per_lane(config)
+    baseline = config.spec.dataloader.num_workers
+    on_gpu = config.lanes[0].device is not None
+    threads = pipeline.threads or (min(8, cores) if on_gpu else cores)
+    settings = ladder(cores)
+    if lanes.consumer == DOCTOR_CONSUMER:
+        console.err.print(
+            f"consumer: {DOCTOR_CONSUMER}, a training step of 30 ms per batch (ResNet-50 takes "
+            "about that at batch 128 on one H200); give --consumer for yours"
+        )
+    console.err.print(
+        f"doctor: yours (num_workers={baseline}) first, then DataLoader workers from it over "
+        f"{', '.join(map(str, settings))}, DALI with {threads} threads, the epoch reading where "
+        f"it matters, and a verification; each point until images/s is known within "
+        f"{config.precision:.0%}; budget {budget:g} s; store: {store.path}"
+    )
+    with console.stopping_on_signals(stop := threading.Event()):
+        document = run_doctor(
+            config, settings, baseline, threads, budget, store, stop=stop,
+            on_event=console.narrator(store), started=STARTED,
+        )  # fmt: skip
+    store.close()
+    if as_json:
+        click.echo(json.dumps(document, indent=2))
+    elif document["verdict"] is None:
+        console.err.print(f"no answer: {document['reason']} (session {document['session_id']})")
+    else:
+        console.print_session(document)
+        console.err.print(f"session {document['session_id']}")
+    return exit_code(document["status"])
+
+
+def _cores_per_lane(config: ProbeConfig) -> int:
+    return max(1, available_cpus() // len(config.lanes))
+
+
+def _pick_gpu(value: str | None) -> tuple[int | None, str]:
+    """`probe bench --gpu`: the device asked for ('none', or a CUDA index), else GPU 0 if CUDA
+    has one, else the CPU.
+
+    Returns:
+        The device (None for the CPU) and a note on how it was chosen, for the screen.
+    """
+    if value is None:
+        if cuda_device_count() == 0:
+            return None, " (no CUDA GPU visible)"
+        return 0, " (the first visible GPU; pick one with --gpu)"
+    if value.strip().lower() in ("none", "cpu"):
+        return None, ""
+    try:
+        return int(value), ""
+    except ValueError:
+        raise InputError(f"--gpu takes a CUDA device index or 'none' (got {value!r})") from None
+
+
+def _int_list(text: str, option: str) -> list[int]:
+    """`2,4,8` -> [2, 4, 8].
+
+    Raises:
+        InputError: anything but whole numbers >= 0.
+    """
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise InputError(f"{option} takes whole numbers like 2,4,8 (got {text!r})") from None
+    if not values or min(values) < 0:
+        raise InputError(f"{option} takes whole numbers >= 0 like 2,4,8 (got {text!r})")
+    return values

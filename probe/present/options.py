@@ -1,0 +1,424 @@
+"""The measuring flags, written once: the table the `probe` command's options are built from,
+the probe configuration they describe, and the flags written back out (the dashboard's Launch
+form, and the command that reproduces a stored run).
+
+`FLAGS` names each flag, the field of a run's stored configuration it sets, its type, default
+and help. The CLI turns its rows into click options; `probe_config` (and `config_of`, from
+values keyed by the rows' `dest`) builds the `ProbeConfig` they describe, with every check the
+command makes before it starts; `argv` writes values back as flags, in the table's order.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import KW_ONLY, dataclass, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pipelines import (
+    Backend,
+    DaliOptions,
+    DataLoaderOptions,
+    Decoder,
+    InputError,
+    OutputDtype,
+    PipelineSpec,
+    available_cpus,
+    check_backend,
+)
+from pipelines.sample_data import default_sample_dir
+from probe.steady import MAX_MEASURE_S, PRECISION
+from probe.store.documents import RunDocument
+
+if TYPE_CHECKING:
+    from probe.measure.config import ProbeConfig  # imported where used: it brings torch
+    from probe.measure.distributed import Rank
+
+GPU_BATCH_SIZE, CPU_BATCH_SIZE = 128, 32
+DOCTOR_CONSUMER = "sleep:30"  # what ResNet-50 takes per batch of 128 on one H200: 30 ms
+# A GPU session builds, moves and tunes a model before its first point; a CPU one has none.
+DOCTOR_BUDGET_S = {"gpu": 120.0, "cpu": 60.0}
+SWEEP_BUDGET_S = 120.0
+SESSIONS = {"sweep": (2, "a sweep"), "doctor": (1, "a diagnosis")}  # points a budget must fit
+MEASURING = ("run", "sweep", "doctor")
+BACKENDS = tuple(b.value for b in Backend)
+READS = ("stream", "epochs")  # probe.measure.lane.Read, which brings torch
+
+
+@dataclass(frozen=True)
+class Flag:
+    """A measuring flag: its spelling, the stored configuration's field it sets, its type and
+    default, and which commands take it (a flag whose default or help differs by command has a
+    row per command)."""
+
+    name: str  # "--batch-size"; a bool with default True also takes "--no-NAME"
+    dest: str  # the command's argument, and the key of `argv`'s values
+    field: str | None  # path in a run's stored `config` ("spec.batch_size"); None: not stored
+    type: type | tuple[str, ...]  # int, float, str, Path, bool (a switch), or the choices
+    default: Any  # None: decided when the lanes are known (the help says how)
+    help: str | None
+    _: KW_ONLY
+    group: str  # "pipeline" (PipelineArgs), "lanes" (LaneArgs), or "command" (an argument)
+    commands: tuple[str, ...] = MEASURING
+    backend: Backend | None = None  # the pipeline it is for (None: both)
+    from_stored: Callable[[Any], Any] | None = None  # the stored value as the flag's value
+
+    @property
+    def off(self) -> str:
+        """A switch's other spelling: `--no-persistent-workers`."""
+        return f"--no-{self.name[2:]}"
+
+
+def _gpus_text(gpus: Sequence[int | None]) -> str:
+    return "none" if None in gpus else ",".join(map(str, gpus))
+
+
+def _percent(share: float | None) -> str | None:
+    return None if share is None else f"{decimal(share * 100)}%"
+
+
+_LOADER, _DALI = "spec.dataloader.", "spec.dali."
+_BENCH_TOO = ("bench", *MEASURING)
+_CONSUMER_HELP = (
+    "What eats the batches: none, sleep:MS (a step of MS ms), or model:NAME (a training step, "
+    "e.g. model:resnet50)."
+)
+
+FLAGS: tuple[Flag, ...] = (
+    Flag("--pipeline", "backend", "pipeline", BACKENDS, Backend.TORCH.value, None,
+         group="command", commands=("run",)),
+    Flag("--pipeline", "backend", "pipeline", BACKENDS, Backend.TORCH.value,
+         "torch sweeps num_workers; dali sweeps num_threads.",
+         group="command", commands=("sweep",)),
+    Flag("--data", "data_dir", "spec.data_dir", Path, None,
+         "Class-per-folder dataset.  [default: the built-in sample data]",
+         group="pipeline", commands=_BENCH_TOO),
+    Flag("--gpus", "gpus", "lanes.*.gpu", str, None,
+         "CUDA indices (0,1), all, or none for the CPU.  [default: all visible GPUs, else the "
+         "CPU]",
+         group="lanes", from_stored=_gpus_text),
+    Flag("--num-shards", "num_shards", "lanes.0.num_shards", int, None,
+         "Shards the dataset is split into; lane i reads shard i.  [default: one per GPU; on "
+         "the CPU, 1]",
+         group="lanes"),
+    Flag("--batch-size", "batch_size", "spec.batch_size", int, None,
+         f"Images per batch.  [default: {GPU_BATCH_SIZE} on a GPU, {CPU_BATCH_SIZE} on the "
+         "CPU]",
+         group="pipeline", commands=_BENCH_TOO),
+    Flag("--image-size", "image_size", "spec.image_size", int, 224,
+         "Output side in pixels (square).",
+         group="pipeline", commands=_BENCH_TOO),
+    Flag("--workers", "workers", _LOADER + "num_workers", int, None,
+         "DataLoader workers.  [default: the CPU cores per lane]",
+         group="pipeline", commands=_BENCH_TOO, backend=Backend.TORCH),
+    Flag("--threads", "threads", _DALI + "num_threads", int, None,
+         "DALI CPU threads.  [default: the CPU cores per lane]",
+         group="pipeline", commands=_BENCH_TOO, backend=Backend.DALI),
+    Flag("--decoder", "decoder", _DALI + "decoder", tuple(d.value for d in Decoder), None,
+         "DALI decoder.  [default: mixed on a GPU, cpu without]",
+         group="pipeline", commands=_BENCH_TOO, backend=Backend.DALI),
+    Flag("--dtype", "dtype", _LOADER + "output_dtype", ("uint8", "float32"), None,
+         "What DataLoader workers hand over (uint8: normalized on the device).  [default: "
+         "uint8 to a GPU, float32 on the CPU]",
+         group="pipeline", commands=_BENCH_TOO, backend=Backend.TORCH),
+    Flag("--persistent-workers", "persistent_workers", _LOADER + "persistent_workers", bool,
+         True, "DataLoader workers kept from one epoch to the next (--read epochs).",
+         group="pipeline", commands=_BENCH_TOO, backend=Backend.TORCH),
+    Flag("--start-method", "start_method", _LOADER + "start_method",
+         ("fork", "spawn", "forkserver"), None,
+         "How DataLoader workers start.  [default: as a fresh Python process starts them]",
+         group="pipeline", commands=_BENCH_TOO, backend=Backend.TORCH),
+    Flag("--skip-corrupt", "skip_corrupt", "spec.skip_corrupt", bool, False,
+         "Skip and count undecodable images.",
+         group="pipeline", commands=_BENCH_TOO),
+    Flag("--consumer", "consumer", "consumer", str, "none", _CONSUMER_HELP,
+         group="lanes", commands=("run", "sweep")),
+    Flag("--consumer", "consumer", "consumer", str, DOCTOR_CONSUMER, _CONSUMER_HELP,
+         group="lanes", commands=("doctor",)),
+    Flag("--read", "read", "read", READS, "stream",
+         "stream: the shard as one endless stream (steady state); epochs: epoch by epoch, the "
+         "loader restarted at each, as a for loop per epoch does.",
+         group="lanes", from_stored=lambda read: read or "epochs"),  # runs before --read: epochs
+    Flag("--warmup", "warmup", "warmup", str, "auto",
+         "Batches per lane before measuring (not counted), or auto: until the rate settles.",
+         group="lanes"),
+    Flag("--batches", "batches", "batches", int, None,
+         "Measured batches per lane.  [default: until --precision]",
+         group="command", commands=("run",)),
+    Flag("--duration", "duration", "duration_s", float, None,
+         f"Measured seconds per lane.  [default: until --precision, at most "
+         f"{MAX_MEASURE_S:g} s]",
+         group="command", commands=("run",)),
+    Flag("--precision", "precision", "precision", str, f"{PRECISION:.0%}",
+         "Measure until images/s is known within this (95%), unless --batches or --duration "
+         "fix the length.",
+         group="lanes", from_stored=_percent),
+    Flag("--sample-hz", "sample_hz", "sample_hz", float, 10.0,
+         "Hardware samples per second (0: none).",
+         group="lanes"),
+    Flag("--label", "label", None, str, None, "A name for the run, shown in listings.",
+         group="command", commands=("run",)),
+    Flag("--values", "values", None, str, None,
+         "Settings to try, e.g. 2,4,8,16.  [default: powers of two up to the cores per GPU, "
+         "and one step past]",
+         group="command", commands=("sweep",)),
+    Flag("--budget", "budget", None, float, SWEEP_BUDGET_S,
+         "Seconds for the whole sweep, start-ups included.",
+         group="command", commands=("sweep",)),
+    Flag("--budget", "budget", None, float, None,
+         "Seconds for the whole diagnosis, start-ups included; it ends sooner when its search "
+         f"does.  [default: {DOCTOR_BUDGET_S['gpu']:g} on GPUs, {DOCTOR_BUDGET_S['cpu']:g} on "
+         "the CPU]",
+         group="command", commands=("doctor",)),
+)  # fmt: skip
+
+
+def flags(command: str, group: str | None = None) -> list[Flag]:
+    """The rows `command` takes (of one `group`), in the table's order."""
+    return [f for f in FLAGS if command in f.commands and group in (None, f.group)]
+
+
+def defaults(command: str) -> dict[str, Any]:
+    """Each flag's default for `command`, by `dest`."""
+    return {flag.dest: flag.default for flag in flags(command)}
+
+
+def _given(kind: type, values: Mapping[str, Any], command: str) -> dict[str, Any]:
+    given = {**defaults(command), **values}
+    return {field.name: given[field.name] for field in fields(kind)}
+
+
+@dataclass(frozen=True)
+class PipelineArgs:
+    """The pipeline flags of a measuring command, as given."""
+
+    data_dir: Path | None
+    batch_size: int | None
+    image_size: int
+    workers: int | None
+    threads: int | None
+    decoder: str | None
+    dtype: str | None
+    persistent_workers: bool
+    start_method: str | None
+    skip_corrupt: bool
+
+    @classmethod
+    def of(cls, values: Mapping[str, Any], command: str = "run") -> PipelineArgs:
+        """From values by `dest` (`command`'s defaults for those missing)."""
+        given = _given(cls, values, command)
+        if given["data_dir"] is not None:
+            given["data_dir"] = Path(given["data_dir"])
+        return cls(**given)
+
+    def spec(self, device: int | None, cores: int, on_gpu: bool | None = None) -> PipelineSpec:
+        """The spec they describe (workers and threads default to `cores`, the batch size to
+        one for a GPU or for the CPU), validated before any long work starts; the data folder
+        is the sample data's until it is resolved."""
+        gpu = device is not None if on_gpu is None else on_gpu
+        return PipelineSpec(
+            data_dir=self.data_dir if self.data_dir is not None else default_sample_dir(),
+            batch_size=(GPU_BATCH_SIZE if gpu else CPU_BATCH_SIZE)
+            if self.batch_size is None
+            else self.batch_size,
+            image_size=self.image_size,
+            device=device,
+            skip_corrupt=self.skip_corrupt,
+            dataloader=DataLoaderOptions(
+                num_workers=cores if self.workers is None else self.workers,
+                output_dtype=None if self.dtype is None else OutputDtype(self.dtype),
+                persistent_workers=self.persistent_workers,
+                start_method=self.start_method,
+            ),
+            dali=DaliOptions(
+                num_threads=cores if self.threads is None else self.threads,
+                decoder=None if self.decoder is None else Decoder(self.decoder),
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class LaneArgs:
+    """Where and how a probe runs: GPUs, shards, consumer, reading, warm-up, precision,
+    sampling."""
+
+    gpus: str | None
+    num_shards: int | None
+    consumer: str
+    read: str
+    warmup: str
+    precision: str
+    sample_hz: float
+
+    @classmethod
+    def of(cls, values: Mapping[str, Any], command: str = "run") -> LaneArgs:
+        """From values by `dest` (`command`'s defaults for those missing)."""
+        return cls(**_given(cls, values, command))
+
+    def warmup_batches(self) -> int | None:
+        """`--warmup`: None for auto (until the rate settles), else a number of batches."""
+        if str(self.warmup).strip().lower() == "auto":
+            return None
+        try:
+            return int(self.warmup)
+        except ValueError:
+            raise InputError(
+                f"--warmup takes auto or a number of batches (got {self.warmup!r})"
+            ) from None
+
+    def precision_share(self) -> float:
+        from probe.present.gate import parse_share
+
+        return parse_share(str(self.precision), "--precision")
+
+
+def probe_config(
+    pipeline: PipelineArgs,
+    lanes: LaneArgs,
+    backend: Backend | str = Backend.TORCH,
+    batches: int | None = None,
+    duration: float | None = None,
+    label: str | None = None,
+    rank: Rank | None = None,
+) -> ProbeConfig:
+    """The probe configuration the flags describe, checked cheapest first (the consumer, the
+    lanes, the spec, the lengths, the backend); its data folder is the one given, else the
+    sample data's (not made yet). Under torchrun (`rank`), the rank's one lane.
+
+    Raises:
+        InputError: a flag, or a combination of them, that cannot work here.
+    """
+    from probe.measure.config import ProbeConfig, plan_lanes, rank_plan
+    from probe.measure.consumers import check_model, parse_consumer
+    from probe.measure.devices import cuda_devices, select_gpus
+    from probe.measure.lane import Read
+
+    consumer = parse_consumer(lanes.consumer)
+    check_model(consumer)
+    if rank is None:
+        plans = plan_lanes(select_gpus(lanes.gpus, cuda_devices()), lanes.num_shards)
+        lanes_here = len(plans)
+    else:
+        plans = (rank_plan(rank, cuda_devices() if lanes.gpus != "none" else []),)
+        lanes_here = rank.local_world_size
+    on_gpu = any(plan.device is not None for plan in plans)
+    spec = pipeline.spec(None, max(1, available_cpus() // lanes_here), on_gpu=on_gpu)
+    config = ProbeConfig(
+        backend=Backend(backend),
+        spec=spec,
+        lanes=plans,
+        consumer=consumer,
+        read=Read(lanes.read),
+        warmup=lanes.warmup_batches(),
+        batches=batches,
+        duration_s=duration,
+        precision=lanes.precision_share(),
+        sample_hz=lanes.sample_hz,
+        label=label,
+        torchrun=rank is not None,
+    )
+    check_backend(config.backend)
+    return config
+
+
+def config_of(command: str, values: Mapping[str, Any]) -> ProbeConfig:
+    """`probe_config` of values by `dest` (the command's defaults for those missing), as
+    `command` reads them (the doctor measures the DataLoader first)."""
+    given = {**defaults(command), **values}
+    return probe_config(
+        PipelineArgs.of(given, command),
+        LaneArgs.of(given, command),
+        Backend.TORCH if command == "doctor" else given.get("backend", Backend.TORCH.value),
+        given.get("batches"),
+        given.get("duration"),
+        given.get("label"),
+    )
+
+
+def check_budget(command: str, budget_s: float, config: ProbeConfig) -> None:
+    """Raises InputError if a sweep's or a doctor's budget cannot fit its first points."""
+    from probe.judge.session import check_budget as check
+
+    points, what = SESSIONS[command]
+    check(budget_s, points, config, what)
+
+
+def doctor_budget(lanes: LaneArgs) -> float:
+    """The doctor's budget where none is given: more on GPUs, where a model is built first."""
+    from probe.measure.devices import cuda_devices, select_gpus
+
+    on_gpu = select_gpus(lanes.gpus, cuda_devices()) is not None
+    return DOCTOR_BUDGET_S["gpu" if on_gpu else "cpu"]
+
+
+def decimal(value: float) -> str:
+    """A number as a flag takes it, without float noise: 2 decimals at most (2 significant
+    digits where that would read 0), no trailing zeros (10.0 -> 10, 7.23316 -> 7.23)."""
+    text = f"{value:.2f}" if round(value, 2) or not value else f"{value:.2g}"
+    return text.rstrip("0").rstrip(".") if "." in text and "e" not in text else text
+
+
+def argv(command: str, values: Mapping[str, Any]) -> list[str]:
+    """`command`'s flags for `values` (by `dest`), in the table's order: a value None is left
+    out, a switch written only where it differs from its default."""
+    words: list[str] = []
+    for flag in flags(command):
+        value = values.get(flag.dest)
+        if value is None:
+            continue
+        if flag.type is bool:
+            if bool(value) != flag.default:
+                words.append(flag.name if value else flag.off)
+        elif isinstance(value, float):
+            words += [flag.name, decimal(value)]
+        else:
+            words += [flag.name, str(value)]
+    return words
+
+
+def _stored(config: Mapping[str, Any], path: str) -> Any:
+    value: Any = config
+    for i, key in enumerate(path.split(".")):
+        if key == "*":
+            rest = ".".join(path.split(".")[i + 1 :])
+            return [_stored(item, rest) for item in value]
+        if isinstance(value, Sequence) and not isinstance(value, str):
+            value = value[int(key)] if int(key) < len(value) else None
+        elif isinstance(value, Mapping):
+            value = value.get(key)
+        if value is None:
+            return None
+    return value
+
+
+def stored_values(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored run's configuration as `probe run`'s flag values (by `dest`): those of its
+    pipeline, and only what it set (a session point's measuring cap is none of them)."""
+    backend = Backend(config["pipeline"])
+    values = {}
+    for flag in flags("run"):
+        if flag.field is None or flag.backend not in (None, backend):
+            continue
+        value = _stored(config, flag.field)
+        values[flag.dest] = value if flag.from_stored is None else flag.from_stored(value)
+    return values
+
+
+def reproduce_command(document: RunDocument | Mapping[str, Any]) -> str | None:
+    """The `probe run` command line that measures a run's configuration again (under torchrun
+    for a run of ranks); None for a watched training loop."""
+    if isinstance(document, RunDocument):
+        kind, config = document.kind, document.config
+    else:
+        kind, config = document["kind"], document["config"]
+    if kind != "probe":
+        return None
+    values = stored_values(config)
+    words = ["probe", "run"]
+    if config.get("torchrun"):
+        words = ["torchrun", f"--nproc-per-node={config['world_size']}", "-m", "probe", "run"]
+        values["num_shards"] = None  # WORLD_SIZE
+        if values["gpus"] != "none":
+            values["gpus"] = None  # cuda:LOCAL_RANK
+    return shlex.join(words + argv("run", values))

@@ -1,0 +1,403 @@
+"""Reports of a run, or of a doctor or sweep session, to attach to a ticket or a pull request:
+HTML (one self-contained file that works offline), Markdown (a short summary for a PR comment)
+and JSON (everything, schema `feedscope.report/1`).
+
+A report is built once (`build_report`) and rendered in any format; the dashboard's export
+buttons render the same `Report`. Every string that comes from the user or the system (paths,
+labels, host and GPU names) is escaped in HTML and Markdown.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from pipelines import InputError
+from probe.judge.diagnosis import diagnose_run
+from probe.metrics import DATA_WAIT, IMAGES_PER_S, MEMORY
+from probe.present import charts
+from probe.present.options import reproduce_command
+from probe.present.tables import (
+    Grid,
+    brief_grid,
+    epochs_lines,
+    headline,
+    lane_grid,
+    recommendation_grid,
+    run_notes,
+)
+from probe.store.db import Store
+from probe.store.documents import RunBrief, RunDocument, read_run
+from probe.store.series import LatencyHistogram, RunSeries, latency_histogram, run_series
+
+REPORT_SCHEMA = "feedscope.report/1"
+FORMATS = ("html", "md", "json")
+
+
+@dataclass(frozen=True)
+class Report:
+    """What a report shows. For a session, `run` is the run its verdict is about (the doctor's:
+    your setting; a sweep's: its knee), and `runs` are all of its runs in brief."""
+
+    kind: str  # "run", "doctor" or "sweep"
+    generated: str
+    run: RunDocument
+    diagnosis: dict[str, Any]  # the run's diagnosis
+    session: dict[str, Any] | None  # feedscope.doctor/1 or feedscope.sweep/1
+    runs: list[RunBrief]  # each of the session's runs
+    series: RunSeries | None
+    histogram: LatencyHistogram | None
+
+    @property
+    def verdict(self) -> dict[str, Any]:
+        if self.session is not None and self.session.get("verdict"):
+            return dict(self.session["verdict"])
+        return dict(self.diagnosis["verdict"])
+
+    @property
+    def recommendations(self) -> list[dict[str, Any]]:
+        if self.session is not None and self.session.get("verdict"):
+            return list(self.session["recommendations"])
+        return list(self.diagnosis["recommendations"])
+
+    @property
+    def subject(self) -> str:
+        if self.session is not None:
+            return f"{self.kind} session {self.session['session_id']}"
+        return f"run {self.run.run_id}"
+
+    def as_dict(self) -> dict[str, Any]:
+        histogram = None
+        if self.histogram is not None:
+            histogram = {
+                "bin_ms": self.histogram.bin_ms,
+                "overflow_ms": self.histogram.overflow_ms,
+                "lanes": [
+                    {"lane": lane, "bin_starts_ms": starts, "counts": counts}
+                    for lane, (starts, counts) in sorted(self.histogram.lanes.items())
+                ],
+            }
+        return {
+            "schema": REPORT_SCHEMA,
+            "kind": self.kind,
+            "generated": self.generated,
+            "subject": self.subject,
+            "verdict": self.verdict,
+            "recommendations": self.recommendations,
+            "run": self.run.to_json(),
+            "diagnosis": self.diagnosis,
+            "session": self.session,
+            "runs": [brief.to_json() for brief in self.runs],
+            "reproduce": reproduce_command(self.run.to_json()),
+            "series": None if self.series is None else asdict(self.series),
+            "latency_histogram": histogram,
+        }
+
+
+def build_report(store: Store, wanted: str) -> Report:
+    """The report of a run (its id, a unique start of it, or `last`) or of a doctor or sweep
+    session (its id).
+
+    Raises:
+        InputError: nothing matches `wanted`, or several things do.
+    """
+    session = None
+    runs: list[RunBrief] = []
+    if wanted.startswith(("sweep-", "doctor-")):
+        session = store.session(wanted).document
+        kind = "doctor" if session["schema"].startswith("feedscope.doctor") else "sweep"
+        focus = (session.get("verdict") or {}).get("run_id") or (session.get("knee") or {}).get(
+            "run_id"
+        )
+        run_ids = [run.run_id for run in store.runs() if run.session_id == session["session_id"]]
+        runs = [RunBrief.of(read_run(store, run_id)) for run_id in reversed(run_ids)]
+        focus = focus or (run_ids[0] if run_ids else None)
+        if focus is None:
+            raise InputError(f"session {session['session_id']} recorded no run: nothing to report")
+    else:
+        kind = "run"
+        focus = store.run(wanted).run_id
+    return Report(
+        kind=kind,
+        generated=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        run=read_run(store, focus),
+        diagnosis=diagnose_run(store, focus).as_dict(),
+        session=session,
+        runs=runs,
+        series=run_series(store, focus),
+        histogram=latency_histogram(store, focus),
+    )
+
+
+def render(report: Report, form: str) -> str:
+    """The report in one of FORMATS."""
+    if form == "json":
+        return json.dumps(report.as_dict(), indent=1, allow_nan=False, default=_plain) + "\n"
+    if form == "md":
+        return markdown(report)
+    if form == "html":
+        return html_page(report)
+    raise ValueError(f"unknown report format {form!r} (choose from: {', '.join(FORMATS)})")
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, float):  # NaN or infinity: not JSON
+        return None
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+# --- Markdown -----------------------------------------------------------------------------------
+
+
+def markdown(report: Report) -> str:
+    """A short summary fit for a PR comment: verdict, key numbers, top recommendation, lanes."""
+    doc, verdict = report.run, report.verdict
+    lines = [f"### feedscope: {_md(report.subject)}", ""]
+    lines.append(f"**{_md(headline(verdict))}**")
+    lines.append("")
+    lines += [f"- {_md(item['text'])}" for item in verdict["evidence"][:6]]
+    lines.append("")
+    top = report.recommendations[0] if report.recommendations else None
+    if top is not None:
+        line = f"**Top recommendation**: `{_code(top['setting'])}`: {_md(top['action'])}"
+        if top["predicted_images_per_s"] is not None:
+            shown = IMAGES_PER_S.text(top["predicted_images_per_s"], top.get("predicted_error"))
+            line += f"; predicted {shown}"
+        if top.get("measured_images_per_s") is not None:
+            line += f", verified {top['measured_images_per_s']:,.0f}"
+        lines += [line, ""]
+    if report.session is not None and report.runs:
+        lines += [*_md_table(brief_grid(report.runs)), ""]
+    label = f" ({_md(doc.label)})" if doc.label else ""
+    lines.append(
+        f"Run `{doc.run_id}`{label}: {_md(doc.pipeline)}, consumer {_md(doc.consumer)}, "
+        f"{doc.status}; {IMAGES_PER_S.text(doc.images_per_s)}, all lanes; "
+        f"{DATA_WAIT.label} {DATA_WAIT.text(doc.data_wait_frac)} (the worst lane's)."
+    )
+    lines += ["", *_md_table(lane_grid(doc))]
+    lines += ["", f"Host {_md(_host_line(doc.host))}.", ""]
+    return "\n".join(lines)
+
+
+def _md_table(grid: Grid) -> list[str]:
+    align = ["--:" if i in grid.numeric else "---" for i in range(len(grid.header))]
+    return [
+        "| " + " | ".join(_md(cell) for cell in grid.header) + " |",
+        "|" + "|".join(align) + "|",
+        *("| " + " | ".join(_md(cell) for cell in row) + " |" for row in grid.rows),
+    ]
+
+
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|~])")
+
+
+def _md(text: object) -> str:
+    """Text that Markdown shows as it is: no markup, no HTML, no table breaks."""
+    return _MD_SPECIAL.sub(r"\\\1", str(text)).replace("\n", " ")
+
+
+def _code(text: str) -> str:
+    return text.replace("`", "'").replace("\n", " ")
+
+
+# --- HTML ---------------------------------------------------------------------------------------
+
+
+def html_page(report: Report) -> str:
+    """One self-contained page: plotly.js inlined once, nothing fetched from anywhere."""
+    doc = report.run
+    parts = [_verdict_html(report), _recommendations_html(report)]
+    if report.session is not None:
+        parts.append(_session_html(report))
+    parts.append(_lanes_html(report))
+    if report.series is not None and any(lane.t_s for lane in report.series.lanes):
+        drawn = charts.run_figures(report.series, report.histogram)
+        parts.append(f"<h2>Timelines of run {_h(doc.run_id)}</h2>")
+        if report.series.bucket_s > 0.15:
+            parts.append(
+                f"<p class=note>Downsampled to {report.series.bucket_s:.1f} s intervals: shaded "
+                "bands run from each interval's lowest to its highest sample.</p>"
+            )
+        parts += [charts.html_div(chart) for chart in drawn]
+    parts.append(_host_html(doc))
+    command = (
+        reproduce_command(doc.to_json()) or "# a watched training loop: run your training again"
+    )
+    parts.append(
+        "<h2>To reproduce it</h2>"
+        f"<pre>{_h(command)}</pre>"
+        "<details><summary>The run's whole configuration</summary>"
+        f"<pre>{_h(json.dumps(doc.config, indent=1))}</pre></details>"
+    )
+    title = f"feedscope: {report.subject}"
+    return (
+        "<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8>"
+        f"<title>{_h(title)}</title><style>{_CSS}</style>"
+        f"<script>{charts.plotly_js()}</script></head><body>"
+        f"<h1>{_h(title)}</h1><p class=note>generated {_h(report.generated)} by feedscope</p>"
+        + "".join(parts)
+        + "</body></html>\n"
+    )
+
+
+_CSS = (
+    "body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;"
+    "color:#222}h1{font-size:1.6em}h2{margin-top:1.6em;border-bottom:1px solid #ddd}"
+    "table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ddd;padding:.3em .6em;"
+    "text-align:left}td.n{text-align:right}.note{color:#666;font-size:.9em}"
+    ".verdict{padding:.8em 1em;border-radius:6px;font-size:1.15em;font-weight:600}"
+    ".high{background:#fdecea;color:#8a1c12}.moderate{background:#fff4e0;color:#7a4b00}"
+    ".none{background:#eaf6ec;color:#1e5b2a}pre{background:#f6f6f6;padding:.8em;overflow-x:auto;"
+    "white-space:pre-wrap}"
+)
+
+
+def _verdict_html(report: Report) -> str:
+    verdict = report.verdict
+    evidence = "".join(f"<li>{_h(item['text'])}</li>" for item in verdict["evidence"])
+    return (
+        f"<div class='verdict {_h(verdict['severity'])}'>{_h(headline(verdict))}</div>"
+        f"<ul>{evidence}</ul>"
+    )
+
+
+def _recommendations_html(report: Report) -> str:
+    if not report.recommendations:
+        return ""
+    return "<h2>Recommendations</h2>" + _grid(recommendation_grid(report.recommendations))
+
+
+def _session_html(report: Report) -> str:
+    session = report.session or {}
+    doctor = report.kind == "doctor"
+    knob = "num_workers" if doctor else session.get("knob", "num_workers")
+    points = session["sweep"] if doctor else session["points"]
+    dali = session.get("dali") or {}
+    out = [f"<h2>Sweep of {_h(knob)}</h2>"]
+    if points:
+        curve = charts.sweep_curve(
+            points, knob, (session.get("knee") or {}).get(knob),
+            session.get("oversubscribed", []), dali.get("images_per_s"),
+            dali.get("setting", "DALI"),
+        )  # fmt: skip
+        out.append(charts.html_div(curve))
+    out.append(_grid(brief_grid(report.runs)))
+    for item in session.get("skipped", []):
+        out.append(f"<p class=note>{_h(knob)}={_h(item['setting'])} not run: "
+                   f"{_h(item['reason'])}</p>")  # fmt: skip
+    knee = session.get("knee") or {}
+    if doctor and dali.get("images_per_s") is not None and knee.get("images_per_s"):
+        out.append("<h2>DataLoader against DALI</h2>")
+        ids = {knee.get("run_id"), dali.get("run_id")}
+        out.append(charts.html_div(charts.compare_bars([b for b in report.runs if b.run in ids])))
+        ratio = dali["images_per_s"] / knee["images_per_s"]
+        advice = f" {_h(dali['advice'])}" if dali.get("advice") else ""
+        out.append(
+            f"<p>The best DataLoader setting ({knob}={_h(knee[knob])}) gave "
+            f"{knee['images_per_s']:,.0f} images/s; {_h(dali['setting'])} gave "
+            f"{dali['images_per_s']:,.0f} ({ratio:.2f}x).{advice}</p>"
+        )
+    elif doctor and dali.get("reason"):
+        out.append(f"<p>DALI: not measured: {_h(dali['reason'])}</p>")
+    if doctor:
+        lines = epochs_lines(session.get("epochs"))
+        if session.get("consumer_alone") and session["consumer_alone"].get("images_per_s"):
+            alone = session["consumer_alone"]
+            lines.append(
+                "the consumer alone, on batches already on the device: "
+                f"{IMAGES_PER_S.text(alone['images_per_s'], alone.get('images_per_s_error'))}: "
+                "the most any input fix can give"
+            )
+        if session.get("startup_s"):
+            lines.append(
+                f"the lanes started once for the whole session, in {session['startup_s']:.1f} s"
+            )
+        out += [f"<p>{_h(line)}</p>" for line in lines]
+    return "".join(out)
+
+
+def _lanes_html(report: Report) -> str:
+    doc = report.run
+    reason = f": {doc.reason}" if doc.reason else ""
+    label = f", label {doc.label}" if doc.label else ""
+    head = (
+        f"<h2>Run {_h(doc.run_id)}</h2><p>{_h(doc.pipeline)}, consumer "
+        f"{_h(doc.consumer)}{_h(label)}; {_h(doc.status + reason)}; "
+        f"{IMAGES_PER_S.text(doc.images_per_s)}, all lanes; {DATA_WAIT.label} "
+        f"{DATA_WAIT.text(doc.data_wait_frac)} (the worst lane's); data "
+        f"<code>{_h(doc.config['spec']['data_dir'])}</code></p>"
+    )
+    unavailable = "".join(
+        f"<li>{_h(u['metric'])}: {_h(u['reason'])}</li>" for u in doc.unavailable_metrics
+    )
+    tail = f"<p class=note>Not measured here:</p><ul class=note>{unavailable}</ul>"
+    notes = "".join(f"<li>{_h(note)}</li>" for note in run_notes(doc))
+    return (
+        head
+        + _grid(lane_grid(doc))
+        + (f"<ul class=note>{notes}</ul>" if notes else "")
+        + (tail if unavailable else "")
+    )
+
+
+def _host_html(doc: RunDocument) -> str:
+    host = doc.host
+    rows = [
+        [_h(key), _h(value)]
+        for key, value in host.items()
+        if key != "gpus" and not isinstance(value, (dict, list))
+    ]
+    gpus = [
+        [
+            _h(g.get("index")),
+            _h(g.get("name")),
+            _h(g.get("uuid")),
+            MEMORY.number(g.get("memory_mib")),
+        ]
+        for g in host.get("gpus", [])
+    ]
+    out = "<h2>Host and GPUs</h2>" + _table(["host", ""], rows, numeric=set())
+    if gpus:
+        out += _table(["GPU", "name", "UUID", "memory MiB"], gpus, numeric={3})
+    return out
+
+
+def _grid(grid: Grid) -> str:
+    rows = [[_h(cell) for cell in row] for row in grid.rows]
+    return _table(list(grid.header), rows, set(grid.numeric))
+
+
+def _table(header: list[str], rows: list[list[str]], numeric: set[int]) -> str:
+    """A table of cells already escaped."""
+    head = "".join(f"<th>{_h(cell)}</th>" for cell in header)
+    body = "".join(
+        "<tr>"
+        + "".join(
+            f"<td class=n>{cell}</td>" if i in numeric else f"<td>{cell}</td>"
+            for i, cell in enumerate(row)
+        )
+        + "</tr>"
+        for row in rows
+    )
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _h(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+# --- shared ------------------------------------------------------------------------------------
+
+
+def _host_line(host: Mapping[str, Any]) -> str:
+    gpus = ", ".join(f"{g.get('index')}: {g.get('name')}" for g in host.get("gpus", []))
+    return (
+        f"{host.get('hostname', '?')}: {host.get('cpus', '?')} CPU cores, "
+        f"GPUs {gpus or 'none'}; torch {host.get('torch', '?')}, "
+        f"DALI {host.get('dali') or 'not installed'}"
+    )

@@ -1,0 +1,166 @@
+"""Joining stores: a run's lanes with everything recorded for them, handed from one store to
+another (the ranks of a torchrun probe to rank 0, the nodes of a job to one store by `probe
+merge`), with times from another host moved onto this run's clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+from probe.records import (
+    BatchEvent,
+    GpuSample,
+    HostSample,
+    LaneCpuSample,
+    RunExport,
+    RunRecord,
+    RunStatus,
+)
+from probe.store.db import Store
+from probe.store.schema import add_lanes, host_from_row, run_from_row, run_row
+
+
+def import_run(store: Store, export: RunExport) -> list[int]:
+    """Adds a run's lanes from another store, with their events and samples, to the run of
+    the same id here (created if new); returns the lanes added. Lanes, GPUs and hosts the run
+    already has here are kept as they are. Times from another host are moved onto this
+    run's clock through the wall clock both hosts read at their start."""
+    run = export.run
+    with store.transaction() as db:  # several ranks may create the run at once
+        db.execute(
+            "INSERT OR IGNORE INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            run_row(run),
+        )
+        here = run_from_row(
+            db.execute("SELECT * FROM runs WHERE run_id = ?", (run.run_id,)).fetchone()
+        )
+    shift = 0 if here.hostname == run.hostname else clock_shift(here.host, run.host)
+    have = {lane.lane for lane in store.lanes(run.run_id)}
+    lanes = [lane for lane in export.lanes if lane.lane not in have]
+    added = {lane.lane for lane in lanes}
+    uuids = {lane.gpu_uuid for lane in lanes} - {None}
+    known = store.query("SELECT DISTINCT gpu_uuid FROM gpu_samples WHERE run_id = ?", (run.run_id,))
+    uuids -= {r[0] for r in known}
+    hosts = {r[0] for r in store.query(
+        "SELECT DISTINCT hostname FROM host_samples WHERE run_id = ?", (run.run_id,)
+    )}  # fmt: skip
+    with store.transaction() as db:
+        add_lanes(db, lanes)
+    add_rows(
+        store,
+        RunExport(
+            run, lanes, [e for e in export.batches if e.lane in added],
+            [g for g in export.gpu if g.gpu_uuid in uuids],
+            {name: rows for name, rows in export.host.items() if name not in hosts},
+            [c for c in export.lane_cpu if c.lane in added], export.unavailable,
+        ),
+        shift,
+    )  # fmt: skip
+    _join(store, here, run, shift)
+    settle_run(store, run.run_id)
+    return sorted(added)
+
+
+def add_rows(store: Store, export: RunExport, shift: int = 0) -> None:
+    """Writes an export's events and samples (not its run or lanes), `shift` added to their
+    times."""
+    run_id = export.run.run_id
+    store.add_batches(run_id, _moved(export.batches, shift))
+    store.add_gpu_samples(run_id, _moved(export.gpu, shift))
+    for hostname, samples in export.host.items():
+        store.add_host_samples(run_id, hostname, _moved(samples, shift))
+    store.add_lane_cpu(run_id, _moved(export.lane_cpu, shift))
+    store.add_unavailable(run_id, export.unavailable)
+
+
+def export_run(store: Store, run_id: str) -> RunExport:
+    """Everything recorded for a run (its exact id)."""
+    run = store.run(run_id)
+    host: dict[str, list[HostSample]] = {}
+    for row in store.query(
+        "SELECT * FROM host_samples WHERE run_id = ? ORDER BY t_ns", (run.run_id,)
+    ):
+        host.setdefault(row["hostname"], []).append(host_from_row(row))
+    return RunExport(
+        run, store.lanes(run.run_id), store.batches(run.run_id), store.gpu_samples(run.run_id),
+        host, store.lane_cpu(run.run_id), store.unavailable(run.run_id),
+    )  # fmt: skip
+
+
+def settle_run(store: Store, run_id: str) -> None:
+    """Sets a run's status from its lanes' once none is running: failed if one failed,
+    interrupted if one was, else completed; a run missing lanes (recorded in another store:
+    `probe merge` joins them) says which."""
+    run = store.run(run_id)
+    lanes = store.lanes(run_id)
+    if any(lane.status is RunStatus.RUNNING for lane in lanes):
+        return
+    expected = int(run.config.get("world_size") or len(run.config.get("lanes", [])))
+    missing = sorted(set(range(expected)) - {lane.lane for lane in lanes})
+    failed = [x for x in lanes if x.status is RunStatus.FAILED]
+    stopped = [x for x in lanes if x.status is RunStatus.INTERRUPTED]
+    if failed:
+        status, reasons = (
+            RunStatus.FAILED,
+            [f"lane {x.lane} failed: {x.reason}" for x in failed],
+        )
+    elif stopped:
+        status, reasons = (
+            RunStatus.INTERRUPTED,
+            [f"lane {stopped[0].lane}: {stopped[0].reason}"],
+        )
+    else:
+        status, reasons = RunStatus.COMPLETED, []
+    if missing:
+        reasons.append(
+            f"{len(lanes)} of {expected} lanes recorded here (missing: "
+            f"{', '.join(map(str, missing))}; `probe merge` adds them from their stores)"
+        )
+    ended = max((run.ended_ns or 0, *(store.time_span(run_id) or (0, 0))))
+    store.finish_run(run_id, status, "; ".join(reasons) or None, ended)
+
+
+def _join(store: Store, here: RunRecord, other: RunRecord, shift: int) -> None:
+    """Folds another store's record of a run into this one's: its lanes' configuration,
+    its host, its start."""
+    config = dict(here.config)
+    lanes = {lane["lane"]: lane for lane in (*config.get("lanes", []), *other.config["lanes"])}
+    config["lanes"] = [lanes[k] for k in sorted(lanes)]
+    host = dict(here.host)
+    nodes = dict(host.get("nodes", {}))
+    for name, facts in {other.hostname: other.host, **other.host.get("nodes", {})}.items():
+        if name != here.hostname:
+            nodes.setdefault(name, {k: v for k, v in facts.items() if k != "nodes"})
+    if nodes:
+        host["nodes"] = nodes
+    with store.transaction() as db:
+        db.execute(
+            "UPDATE runs SET config = ?, host = ?, started_ns = ? WHERE run_id = ?",
+            (
+                json.dumps(config), json.dumps(host),
+                min(here.started_ns, other.started_ns + shift), here.run_id,
+            ),
+        )  # fmt: skip
+
+
+_Timed = TypeVar("_Timed", BatchEvent, GpuSample, HostSample, LaneCpuSample)
+
+
+def _moved(items: Sequence[_Timed], shift: int) -> list[_Timed]:
+    """`items` with `shift` added to their times."""
+    if not shift:
+        return list(items)
+    return [dataclasses.replace(item, t_ns=item.t_ns + shift) for item in items]
+
+
+def clock_shift(here: dict[str, Any], there: dict[str, Any]) -> int:
+    """What to add to a monotonic time of host `there` to put it on host `here`'s monotonic
+    clock, from the (monotonic, wall) pair each read together (a host dict's `clock`); 0 when
+    either lacks one. As good as the hosts' wall clocks agree (NTP: milliseconds)."""
+    a, b = here.get("clock"), there.get("clock")
+    if not a or not b:
+        return 0
+    return int((a["monotonic_ns"] - a["unix_ns"]) - (b["monotonic_ns"] - b["unix_ns"]))
