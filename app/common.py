@@ -16,7 +16,7 @@ from typing import Any
 import streamlit as st
 
 from probe import InputError
-from probe.judge.diagnosis import diagnose_run
+from probe.judge.diagnosis import RunDiagnosis, diagnose_run
 from probe.present.listing import run_rows
 from probe.present.report import build_report, render
 from probe.store.db import Store, default_db_path
@@ -63,10 +63,10 @@ def runs_listing(db: str) -> list[dict[str, Any]]:
 
 
 @st.cache_data(max_entries=256, show_spinner=False)
-def diagnosis(db: str, run_id: str, version: str) -> dict[str, Any]:
+def diagnosis(db: str, run_id: str, version: str) -> RunDiagnosis:
     """A run's diagnosis; `version` (its status and end) keys the cache."""
     with Store(db) as connection:
-        return diagnose_run(connection, run_id).as_dict()
+        return diagnose_run(connection, run_id)
 
 
 @st.cache_data(max_entries=32, show_spinner=False)
@@ -86,7 +86,7 @@ def run_view(db: str, run_id: str, version: str) -> dict[str, Any]:
 
     parts = {
         "document": lambda s: read_run(s, run_id),
-        "diagnosis": lambda s: diagnose_run(s, run_id).as_dict(),
+        "diagnosis": lambda s: diagnose_run(s, run_id),
         "series": lambda s: run_series(s, run_id),
         "histogram": lambda s: latency_histogram(s, run_id),
     }

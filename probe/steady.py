@@ -70,11 +70,6 @@ class Estimate:
         return self.judged and relative is not None and relative <= precision
 
 
-def plus_minus(value: float, error: float | None) -> str:
-    """'3,945 ± 40', or '3,945' where the error is not known."""
-    return f"{value:,.0f}" if error is None else f"{value:,.0f} ± {error:,.0f}"
-
-
 def block_batches(loaders: int | None) -> int:
     """Batches per block: at least one per DataLoader worker, which make them in turn."""
     return max(MIN_BLOCK_BATCHES, loaders or 0)

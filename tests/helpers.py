@@ -41,7 +41,8 @@ def write_jpeg(path: Path, pixels: np.ndarray, quality: int = 95) -> Path:
 
 
 def solid(color: tuple[int, int, int], height: int = 72, width: int = 96) -> np.ndarray:
-    return np.broadcast_to(np.array(color, np.uint8), (height, width, 3)).copy()
+    pixels: np.ndarray = np.broadcast_to(np.array(color, np.uint8), (height, width, 3)).copy()
+    return pixels
 
 
 # A dataset folder whose path holds markup, and a label that does: what a report or a page shows

@@ -35,7 +35,6 @@ from probe.judge.results import (
     SessionKind,
     Skipped,
     Verification,
-    session_of,
 )
 from probe.judge.session import POINT_GUESS_S, Budget, check_budget, with_change
 from probe.judge.thresholds import Severity
@@ -259,7 +258,7 @@ def test_a_sweep_session_is_its_document_and_back() -> None:
     assert list(document["points"][0]) == ["num_threads", *POINT_KEYS]
     assert document["host_busy"] == [2]
     assert document["skipped"] == [{"setting": 4, "reason": "past the peak"}]
-    again = session_of(document)
+    again = Session.from_json(document)
     assert again == session
     assert again.points == POINTS
 
@@ -306,7 +305,7 @@ def test_a_doctor_session_is_its_document_and_back() -> None:
         "host_busy", "run_id",
     ]  # fmt: skip
     assert document["verify"]["setting"] == "num_workers=2"
-    again = session_of(document)
+    again = Session.from_json(document)
     assert again == session
     assert again.points == POINTS  # under "sweep" in a doctor's document, "points" in a sweep's
     assert again.to_json() == document
@@ -323,7 +322,7 @@ def test_a_doctor_with_nothing_to_answer_on_is_its_document_and_back() -> None:
         "recommendations", "sweep", "knee", "skipped", "dali", "epochs", "verify", "budget_s",
         "elapsed_s", "run_ids",
     ]  # fmt: skip
-    again = session_of(document)
+    again = Session.from_json(document)
     assert (again.verdict, again.points, again.answered) == (None, (), False)
     assert again.to_json() == document
 

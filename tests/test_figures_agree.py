@@ -78,8 +78,8 @@ def test_every_output_shows_the_same_figures(
             DATA_WAIT.cell(lane["data_wait_frac"], lane["data_wait_frac_error"]),
             CPU.cell(lane["cpu_pct"]),
         )
-        row = next(r for r in markdown.splitlines() if r.startswith(f"| {lane['lane']} | cpu"))
-        assert all(cell in row for cell in cells), (cells, row)
+        md_row = next(r for r in markdown.splitlines() if r.startswith(f"| {lane['lane']} | cpu"))
+        assert all(cell in md_row for cell in cells), (cells, md_row)
 
     # the dashboard's Run page: its lanes table and its headline
     run_page = page(monkeypatch, db, "run", run=run_id)

@@ -107,7 +107,7 @@ def test_watch_finds_a_ddp_resnet50_loop_fed_by_4_dataloader_workers_per_gpu_sta
     with Store(db) as store:
         (run,) = store.runs()
         document = run_document(store, run.run_id)
-        diagnosis = diagnose_run(store, run.run_id).as_dict()
+        diagnosis = diagnose_run(store, run.run_id).to_json()
     print(json.dumps({"run": {k: document[k] for k in ("run_id", "status", "images_per_s")},
                       "lanes": document["lanes"], "verdict": diagnosis["verdict"],
                       "findings": diagnosis["findings"],

@@ -126,7 +126,10 @@ def test_a_cpu_run_is_stored_as_its_json_says(
 def measured_batches(db: Path) -> int:
     try:
         with sqlite3.connect(db) as connection:
-            return connection.execute("SELECT COUNT(*) FROM batches WHERE warmup = 0").fetchone()[0]
+            (count,) = connection.execute(
+                "SELECT COUNT(*) FROM batches WHERE warmup = 0"
+            ).fetchone()
+            return int(count)
     except sqlite3.Error:
         return 0
 

@@ -31,7 +31,8 @@ def test_an_hour_downsampled_keeps_a_single_sample_dip_and_spike(tmp_path: Path)
         store.finish_run("long", RunStatus.COMPLETED, None, seconds * 1_000_000_000)
         series = run_series(store, "long", points=600)
     assert series is not None
-    assert series.span_s == (0.0, seconds)  # every chart of the run shows the same time range
+    # every chart of the run shows the same time range
+    assert series.span_s == (0.0, float(seconds))
     (gpu,) = series.gpus
     assert gpu.busy_metric == "SM activity (GPM)"
     assert len(gpu.busy.t_s) <= 601  # 36,000 samples in about 600 buckets

@@ -41,7 +41,7 @@ def test_images_are_photo_sized_quality_90_jpegs(sample: Path) -> None:
             assert image.format == "JPEG"
             assert image.mode == "RGB"
             assert min(image.size) >= 300 and max(image.size) <= 640
-            assert image.quantization == quality_90_tables  # type: ignore[attr-defined]
+            assert image.quantization == quality_90_tables
         sizes.append(Path(path).stat().st_size)
     assert 50_000 <= np.mean(sizes) <= 120_000, f"mean {np.mean(sizes) / 1000:.0f} KB"
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import statistics
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -90,7 +91,7 @@ def test_a_watched_job_is_one_run_with_an_epoch_per_for_and_its_epoch_starts_jud
         (run,) = store.runs()
         events = store.batches(run.run_id)
         document = run_document(store, run.run_id)
-        diagnosis = diagnose_run(store, run.run_id).as_dict()
+        diagnosis = diagnose_run(store, run.run_id).to_json()
     assert run.status.value == "completed" and run.label == "four epochs"
     assert [e.epoch for e in events] == [0] * 4 + [1] * 4 + [2] * 4 + [3] * 4
     assert [e.warmup for e in events] == [True] * 2 + [False] * 14  # once, at the start
@@ -116,7 +117,7 @@ def test_leaving_the_loop_early_ends_the_run_with_what_was_measured(tmp_path: Pa
 
 
 def test_a_loader_that_fails_fails_the_run_and_the_error_reaches_the_loop(tmp_path: Path) -> None:
-    def broken() -> object:
+    def broken() -> Iterator[torch.Tensor]:
         yield torch.zeros(2, 3)
         raise OSError("disk went away")
 

@@ -60,7 +60,7 @@ def main() -> None:
             logits = model(images.contiguous(memory_format=torch.channels_last))
             loss = functional.cross_entropy(logits, labels.to(device, non_blocking=True))
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         optimizer.step()
         loss.item()  # logging the loss: the step ends when the GPU is done with it
     if distributed:

@@ -7,9 +7,13 @@ from typing import Any
 import streamlit as st
 
 from app import common
-from probe.metrics import CPU, DATA_WAIT, IMAGES_PER_S
+from probe.judge.results import SessionKind, read_session
 from probe.present import charts as figures
-from probe.present.tables import brief_grid, epochs_lines
+from probe.present.tables import (
+    brief_grid,
+    doctor_lines,
+    point_grid,
+)
 from probe.store.documents import RunBrief
 
 
@@ -66,69 +70,16 @@ def compare_session() -> None:
             if s.session_id == sid
         ),
     )
-    doc = next(s.document for s in sessions if s.session_id == chosen)
+    with common.store() as store:
+        session = read_session(store, str(chosen))
     common.export_buttons(common.db_path(), str(chosen), "compare-export")
-    doctor = doc["schema"].startswith("feedscope.doctor")
-    points = doc["sweep"] if doctor else doc["points"]
-    knob = "num_workers" if doctor else doc.get("knob", "num_workers")
-    dali = doc.get("dali") or {}
-    if points:
-        st.plotly_chart(
-            figures.sweep_curve(
-                points, knob, (doc.get("knee") or {}).get(knob), doc.get("oversubscribed", []),
-                dali.get("images_per_s"), dali.get("setting", "DALI"),
-            ),
-            width="stretch",
-            key="compare-sweep",
-        )  # fmt: skip
-        st.dataframe(
-            [
-                {
-                    knob: p[knob],
-                    IMAGES_PER_S.heading: IMAGES_PER_S.cell(
-                        p["images_per_s"], p.get("images_per_s_error")
-                    ),
-                    DATA_WAIT.heading: DATA_WAIT.cell(
-                        p["data_wait_frac"], p.get("data_wait_frac_error")
-                    ),
-                    CPU.heading: CPU.cell(p["cpu_pct"]),
-                    "run": p["run_id"],
-                }
-                for p in points
-            ],
-            hide_index=True,
-            width="stretch",
-            key="compare-points",
-        )
-    for item in doc.get("skipped", []):
-        st.caption(f"{knob}={item['setting']} not run: {item['reason']}")
-    if doctor and doc["verdict"] is None:
-        st.warning(f"No answer: {doc['reason']}")
-    elif doctor:
-        verdict = doc["verdict"]
-        trusted = "" if verdict.get("reliable", True) else "; not trusted: the host was busy"
-        st.markdown(f"**Verdict**: {verdict['title']} ({verdict['severity']}{trusted})")
-        st.markdown("\n".join(f"- {item['text']}" for item in verdict["evidence"]))
-        for line in epochs_lines(doc.get("epochs")):
-            st.markdown(line)
-        if dali.get("images_per_s") is not None:
-            st.markdown(
-                f"**DataLoader against DALI**: best DataLoader {doc['knee']['images_per_s']:,.0f} "
-                f"images/s at the knee; {dali['setting']} {dali['images_per_s']:,.0f} images/s"
-                + (f". {dali['advice']}" if dali.get("advice") else "")
-            )
-        for rank, item in enumerate(doc["recommendations"], 1):
-            verified = item.get("measured_images_per_s")
-            predicted = item["predicted_images_per_s"]
-            shown = (
-                "not predicted"
-                if predicted is None
-                else f"predicted {IMAGES_PER_S.text(predicted, item.get('predicted_error'))}"
-            )
-            st.markdown(
-                f"{rank}. `{item['setting']}`: {item['action']}; {shown}"
-                + (f", verified {verified:,.0f}" if verified is not None else "")
-            )
+    if session.points:
+        st.plotly_chart(figures.sweep_curve(session), width="stretch", key="compare-sweep")
+    grid = point_grid(session)
+    if grid.rows:
+        st.dataframe(grid.records(), hide_index=True, width="stretch", key="compare-points")
+    if session.kind is SessionKind.DOCTOR:
+        st.markdown("  \n".join(doctor_lines(session)))
 
 
 @common.page

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import streamlit as st
 
 from app import common
+from probe.judge.diagnosis import RunDiagnosis
+from probe.judge.results import Session, read_session
+from probe.judge.thresholds import Severity
 from probe.metrics import DATA_WAIT, IMAGES_PER_S
 from probe.present import charts as figures
 from probe.present.options import reproduce_command
@@ -63,19 +67,21 @@ def header(doc: RunDocument) -> None:
         st.caption("  \n".join(notes))
 
 
-def diagnosis(diag: dict[str, Any], session: dict[str, Any] | None) -> None:
+def diagnosis(diag: RunDiagnosis, session: Session | None) -> None:
     st.subheader("Diagnosis")
-    verdict = {**diag["verdict"], "partial": diag["partial"]}
-    show = {"high": st.error, "moderate": st.warning}.get(verdict["severity"], st.success)
+    verdict = replace(diag.verdict, partial=diag.partial)
+    show = {Severity.HIGH: st.error, Severity.MODERATE: st.warning}.get(
+        verdict.severity, st.success
+    )
     show(headline(verdict))
-    st.markdown("\n".join(f"- {item['text']}" for item in verdict["evidence"]))
-    for finding in diag["findings"]:
-        st.warning(finding["title"] + ": " + "; ".join(i["text"] for i in finding["evidence"]))
-    recommendations = diag["recommendations"]
+    st.markdown("\n".join(f"- {item.text}" for item in verdict.evidence))
+    for finding in diag.findings:
+        st.warning(finding.title + ": " + "; ".join(i.text for i in finding.evidence))
+    recommendations = diag.recommendations
     basis = "from this run alone"
     if session is not None:
-        recommendations = session["recommendations"]
-        basis = f"from the doctor session {session['session_id']} this run belongs to"
+        recommendations = session.recommendations
+        basis = f"from the doctor session {session.session_id} this run belongs to"
     if recommendations:
         st.markdown(f"**Recommendations** ({basis})")
         st.dataframe(
@@ -105,7 +111,7 @@ def main() -> None:
     session = None
     if row["session_id"] and row["session_id"].startswith("doctor-"):
         with common.store() as store:
-            session = store.session(row["session_id"]).document
+            session = read_session(store, row["session_id"])
     diagnosis(view["diagnosis"], session)
 
     series = view["series"]

@@ -56,7 +56,7 @@ def main() -> None:
         return
     table = []
     for row in shown:
-        verdict = common.diagnosis(db, row["run_id"], common.version_of(row))["verdict"]
+        verdict = common.diagnosis(db, row["run_id"], common.version_of(row)).verdict
         table.append(
             {
                 "run": row["run_id"],
@@ -67,7 +67,7 @@ def main() -> None:
                 "devices": row["devices"],
                 IMAGES_PER_S.heading: round(row["images_per_s"]),
                 DATA_WAIT.heading: DATA_WAIT.cell(row["data_wait_frac"]),
-                "verdict": verdict["title"] + (" (partial)" if verdict["partial"] else ""),
+                "verdict": verdict.title + (" (partial)" if verdict.partial else ""),
                 "created (UTC)": row["created"].replace("T", " ").rstrip("Z"),
             }
         )

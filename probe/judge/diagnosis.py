@@ -13,7 +13,7 @@ from probe.judge.evidence import Evidence
 from probe.judge.facts import LaneFacts, run_facts
 from probe.judge.knee import SweepAnalysis
 from probe.judge.recommend import recommend
-from probe.judge.results import session_of
+from probe.judge.results import read_session
 from probe.judge.thresholds import Severity
 from probe.judge.verdicts import Verdict, VerdictKind, judge_lane, judge_lanes, rank
 from probe.records import RunRecord, RunStatus
@@ -41,8 +41,6 @@ class RunDiagnosis:
             "findings": [v.to_json() for v in self.findings],
             "recommendations": [r.to_json() for r in self.recommendations],
         }
-
-    as_dict = to_json  # the name its readers (probe.present, app) still call
 
 
 def diagnose_run(store: Store, run_id: str, sweep: SweepAnalysis | None = None) -> RunDiagnosis:
@@ -90,8 +88,7 @@ def _session_sweep(store: Store, run: RunRecord) -> SweepAnalysis | None:
     if run.session_id is None or run.pipeline != "torch":
         return None
     try:
-        stored = store.session(run.session_id)
+        session = read_session(store, run.session_id)
     except InputError:
         return None
-    session = session_of(stored.document)
     return session.analysis() if session.knob == "num_workers" else None

@@ -64,7 +64,7 @@ def run_doctor(
     stop: threading.Event | None = None,
     on_event: OnEvent = lambda kind, payload: None,
     started: float | None = None,
-) -> dict[str, Any]:
+) -> Session:
     """The whole diagnosis: your setting, the worker search, DALI, the epoch reading, the
     verdict, the recommendations, the verification. Stores the session and returns its
     document (`Session.to_json`).
@@ -107,7 +107,7 @@ def run_doctor(
                 run_ids=tuple(session.run_ids),
             )
             session.save(unanswered)
-            return unanswered.to_json()
+            return unanswered
         _search(points, grid, baseline, reserve)
         analysis = analyze_sweep(list(points.measured.values()), "num_workers")
         # DataLoader points before DALI's: its workers then fork from a process DALI's threads
@@ -154,7 +154,7 @@ def run_doctor(
         verify=verify,
     )
     session.save(result)
-    return result.to_json()
+    return result
 
 
 def _dali_unavailable() -> str | None:

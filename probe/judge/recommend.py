@@ -25,7 +25,7 @@ from probe.judge.results import DaliRun
 from probe.judge.thresholds import DALI_WORTH_IT, KNEE_WITHIN
 from probe.judge.verdicts import STARVED, Verdict, VerdictKind, rank
 from probe.metrics import IMAGES_PER_S
-from probe.steady import MIN_BLOCKS, Estimate, above, plus_minus
+from probe.steady import MIN_BLOCKS, Estimate, above
 
 
 def recommend(
@@ -279,14 +279,15 @@ def dali_advice(analysis: SweepAnalysis, dali: DaliRun, verdict: Verdict) -> str
         return None
     best = analysis.best
     gain = dali.images_per_s / best.images_per_s - 1 if best.images_per_s > 0 else 0.0
-    shown = plus_minus(dali.images_per_s, dali.images_per_s_error)
+    shown = IMAGES_PER_S.cell(dali.images_per_s, dali.images_per_s_error)
     if verdict.kind is VerdictKind.FED:
         return (
             f"DALI would not help: the DataLoader feeds the GPU (compute-bound); DALI measured "
             f"{shown} images/s, {gain:+.0%} on num_workers={best.setting}"
         )
+    best_shown = IMAGES_PER_S.cell(best.images_per_s, best.images_per_s_error)
     return (
         f"DALI measured {shown} images/s, {gain:+.0%} on the best DataLoader setting "
-        f"(num_workers={best.setting}, {plus_minus(best.images_per_s, best.images_per_s_error)}"
-        f"): not significantly more than the {DALI_WORTH_IT:.0%} a migration should gain"
+        f"(num_workers={best.setting}, {best_shown}): not significantly more than the "
+        f"{DALI_WORTH_IT:.0%} a migration should gain"
     )

@@ -3,8 +3,8 @@
 recommendations, DALI run, epoch reading and verification.
 
 `Session.to_json()` is the stored and printed document (`feedscope.sweep/1`: its points under
-"points"; `feedscope.doctor/1`: under "sweep"); `session_of(document)` reads either back, so
-that readers need not tell the schemas apart.
+"points"; `feedscope.doctor/1`: under "sweep"); `Session.from_json` and `read_session` read
+either back, so that readers need not tell the schemas apart.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from probe.judge.knee import SweepAnalysis, SweepPoint
 from probe.judge.verdicts import Verdict
 from probe.metrics import EpochStartCost
 from probe.records import RunStatus
+from probe.store.db import Store
 
 SWEEP_SCHEMA = "feedscope.sweep/1"
 DOCTOR_SCHEMA = "feedscope.doctor/1"
@@ -336,9 +337,9 @@ class Session:
         return SweepAnalysis(self.knob, self.points, self.best, self.knee, over)
 
 
-def session_of(document: Mapping[str, Any]) -> Session:
-    """A stored sweep or doctor document, typed (`Session.from_json`)."""
-    return Session.from_json(document)
+def read_session(store: Store, session_id: str) -> Session:
+    """A stored sweep or doctor session (its id, or a unique start of it)."""
+    return Session.from_json(store.session(session_id).document)
 
 
 def _best(points: tuple[SweepPoint, ...]) -> SweepPoint | None:

@@ -4,7 +4,6 @@ throughput has clearly fallen past its peak or the budget ends; then its knee.""
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 from pipelines import InputError
 from probe.judge.knee import analyze_sweep, past_the_peak
@@ -25,7 +24,7 @@ def run_sweep(
     stop: threading.Event | None = None,
     on_event: OnEvent = lambda kind, payload: None,
     started: float | None = None,
-) -> dict[str, Any]:
+) -> Session:
     """Measures the settings smallest first, on lanes kept warm, until throughput has clearly
     fallen past its peak; stores the session and returns its document (`Session.to_json`).
 
@@ -75,4 +74,4 @@ def run_sweep(
         read=base.read.value,
     )
     session.save(result)
-    return result.to_json()
+    return result

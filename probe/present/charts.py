@@ -9,7 +9,6 @@ as a line: peaks and dips stay visible however long the run.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
@@ -17,6 +16,7 @@ import plotly.io as pio
 from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
+from probe.judge.results import Session
 from probe.metrics import (
     CPU,
     DATA_WAIT,
@@ -245,18 +245,17 @@ def latency_histogram(histogram: LatencyHistogram) -> go.Figure:
     return _layout(figure, "Batch latency", height=320)
 
 
-def sweep_curve(
-    points: Sequence[dict[str, Any]],
-    knob: str,
-    knee: int | None = None,
-    oversubscribed: Sequence[int] = (),
-    dali_images_per_s: float | None = None,
-    dali_label: str = "DALI",
-) -> go.Figure:
+def sweep_curve(session: Session) -> go.Figure:
     """Images/s over a sweep's settings, its knee marked; DALI's measurement as a line."""
-    settings = [p[knob] for p in points]
-    rates = [p["images_per_s"] for p in points]
-    errors = [p.get("images_per_s_error") or 0.0 for p in points]
+    knob = session.knob
+    knee = None if session.knee is None else session.knee.setting
+    oversubscribed = session.oversubscribed
+    dali = session.dali
+    dali_images_per_s = None if dali is None else dali.images_per_s
+    dali_label = "DALI" if dali is None else dali.change.setting
+    settings = [p.setting for p in session.points]
+    rates = [p.images_per_s for p in session.points]
+    errors = [p.images_per_s_error or 0.0 for p in session.points]
     figure = go.Figure(
         go.Scatter(
             x=settings,

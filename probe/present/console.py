@@ -9,7 +9,7 @@ from __future__ import annotations
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,11 +20,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from pipelines import Backend, PipelineSpec
 from pipelines.sample_data import DEFAULT_SAMPLE, default_dataset_ready, ensure_default_dataset
+from probe.judge.diagnosis import RunDiagnosis
+from probe.judge.results import Session, SessionKind
 from probe.measure.bench import BenchResult, bench_pipeline, describe_settings
-from probe.present import terminal
+from probe.present import tables, terminal
 from probe.present.tables import run_notes
 from probe.store.db import Store
-from probe.store.documents import RunDocument, read_run
+from probe.store.documents import RunDocument
 
 if TYPE_CHECKING:
     from probe.measure.config import ProbeConfig
@@ -190,34 +192,25 @@ def _stop_text(config: ProbeConfig) -> str:
     )
 
 
-def narrator(store: Store) -> Callable[[str, Any], None]:
-    """The `on_event` of a sweep or doctor session: one line per run it measures. A run comes
-    as its RunDocument, or as its JSON (then read again from `store`)."""
-
-    def narrate(kind: str, payload: Any) -> None:
-        if kind == "start":
-            err.print(f"measuring {payload['label']} (at most {payload['max_s']:.0f} s)")
-        elif kind == "run":
-            document = payload if isinstance(payload, RunDocument) else None
-            say(f"  {terminal.run_line(document or read_run(store, payload['run_id']))}")
-
-    return narrate
+def narrate(kind: str, payload: Any) -> None:
+    """The `on_event` of a sweep or doctor session: one line per run it measures (a run comes
+    as its RunDocument)."""
+    if kind == "start":
+        err.print(f"measuring {payload['label']} (at most {payload['max_s']:.0f} s)")
+    elif kind == "run":
+        say(f"  {terminal.run_line(payload)}")
 
 
-def print_run(document: RunDocument, diagnosis: Mapping[str, Any]) -> None:
+def print_run(document: RunDocument, diagnosis: RunDiagnosis) -> None:
     """A run's table on stdout; its notes and diagnosis on stderr."""
     out.print(terminal.run_table(document))
     print_lines(run_notes(document))
-    print_lines(terminal.diagnosis_lines(diagnosis["verdict"], diagnosis["recommendations"]))
+    print_lines(tables.diagnosis_lines(diagnosis.verdict, diagnosis.recommendations))
 
 
-def print_session(document: Mapping[str, Any]) -> None:
-    """A doctor's or a sweep's document: its points, and the doctor's answer."""
-    if document["schema"].startswith("feedscope.doctor") and document["verdict"] is None:
-        print_lines([f"session {document['session_id']}: no answer: {document['reason']}"])
-    elif document["schema"].startswith("feedscope.doctor"):
-        out.print(terminal.sweep_table(document["sweep"], "num_workers", dict(document)))
-        print_lines(terminal.doctor_lines(dict(document)), to_stdout=True)
-    else:
-        knob = document.get("knob", "num_workers")
-        out.print(terminal.sweep_table(document["points"], knob, dict(document)))
+def print_session(session: Session) -> None:
+    """A doctor's or a sweep's points, and the doctor's answer, on stdout."""
+    if session.points or session.skipped:
+        out.print(terminal.sweep_table(session))
+    if session.kind is SessionKind.DOCTOR:
+        print_lines(tables.doctor_lines(session), to_stdout=True)

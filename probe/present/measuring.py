@@ -183,10 +183,10 @@ def _finish_run(store: Store, run_id: str, as_json: bool) -> int:
     from probe.store.documents import read_run
 
     document = read_run(store, run_id)
-    diagnosis = diagnose_run(store, run_id).as_dict()
+    diagnosis = diagnose_run(store, run_id)
     store.close()
     if as_json:
-        click.echo(json.dumps({**document.to_json(), "diagnosis": diagnosis}, indent=2))
+        click.echo(json.dumps({**document.to_json(), "diagnosis": diagnosis.to_json()}, indent=2))
     else:
         console.print_run(document, diagnosis)
     return exit_code(document.status)
@@ -283,16 +283,16 @@ def sweep(
         f"store: {store.path}"
     )
     with console.stopping_on_signals(stop := threading.Event()):
-        document = run_sweep(config, knob, settings, budget, store, stop=stop,
-                             on_event=console.narrator(store), started=STARTED)  # fmt: skip
+        session = run_sweep(config, knob, settings, budget, store, stop=stop,
+                             on_event=console.narrate, started=STARTED)  # fmt: skip
     store.close()
     if as_json:
-        click.echo(json.dumps(document, indent=2))
+        click.echo(json.dumps(session.to_json(), indent=2))
     else:
-        console.out.print(terminal.sweep_table(document["points"], knob, document))
-        if document["reason"]:
-            console.err.print(document["reason"])
-    return exit_code(document["status"])
+        console.out.print(terminal.sweep_table(session))
+        if session.reason:
+            console.err.print(session.reason)
+    return exit_code(session.status.value)
 
 
 def doctor(
@@ -331,19 +331,19 @@ def doctor(
         f"{config.precision:.0%}; budget {budget:g} s; store: {store.path}"
     )
     with console.stopping_on_signals(stop := threading.Event()):
-        document = run_doctor(
+        session = run_doctor(
             config, settings, baseline, threads, budget, store, stop=stop,
-            on_event=console.narrator(store), started=STARTED,
+            on_event=console.narrate, started=STARTED,
         )  # fmt: skip
     store.close()
     if as_json:
-        click.echo(json.dumps(document, indent=2))
-    elif document["verdict"] is None:
-        console.err.print(f"no answer: {document['reason']} (session {document['session_id']})")
+        click.echo(json.dumps(session.to_json(), indent=2))
+    elif session.verdict is None:
+        console.err.print(f"no answer: {session.reason} (session {session.session_id})")
     else:
-        console.print_session(document)
-        console.err.print(f"session {document['session_id']}")
-    return exit_code(document["status"])
+        console.print_session(session)
+        console.err.print(f"session {session.session_id}")
+    return exit_code(session.status.value)
 
 
 def _cores_per_lane(config: ProbeConfig) -> int:

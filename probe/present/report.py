@@ -18,7 +18,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from pipelines import InputError
-from probe.judge.diagnosis import diagnose_run
+from probe.judge.changes import Recommendation
+from probe.judge.diagnosis import RunDiagnosis, diagnose_run
+from probe.judge.results import Session, SessionKind, read_session
+from probe.judge.verdicts import Verdict
 from probe.metrics import DATA_WAIT, IMAGES_PER_S, MEMORY
 from probe.present import charts
 from probe.present.options import reproduce_command
@@ -28,6 +31,7 @@ from probe.present.tables import (
     epochs_lines,
     headline,
     lane_grid,
+    point_grid,
     recommendation_grid,
     run_notes,
 )
@@ -47,31 +51,32 @@ class Report:
     kind: str  # "run", "doctor" or "sweep"
     generated: str
     run: RunDocument
-    diagnosis: dict[str, Any]  # the run's diagnosis
-    session: dict[str, Any] | None  # feedscope.doctor/1 or feedscope.sweep/1
+    diagnosis: RunDiagnosis  # the run's
+    session: Session | None
     runs: list[RunBrief]  # each of the session's runs
     series: RunSeries | None
     histogram: LatencyHistogram | None
 
     @property
-    def verdict(self) -> dict[str, Any]:
-        if self.session is not None and self.session.get("verdict"):
-            return dict(self.session["verdict"])
-        return dict(self.diagnosis["verdict"])
+    def verdict(self) -> Verdict:
+        """The doctor's verdict for a doctor session, else the run's."""
+        if self.session is not None and self.session.verdict is not None:
+            return self.session.verdict
+        return self.diagnosis.verdict
 
     @property
-    def recommendations(self) -> list[dict[str, Any]]:
-        if self.session is not None and self.session.get("verdict"):
-            return list(self.session["recommendations"])
-        return list(self.diagnosis["recommendations"])
+    def recommendations(self) -> tuple[Recommendation, ...]:
+        if self.session is not None and self.session.verdict is not None:
+            return self.session.recommendations
+        return self.diagnosis.recommendations
 
     @property
     def subject(self) -> str:
         if self.session is not None:
-            return f"{self.kind} session {self.session['session_id']}"
+            return f"{self.kind} session {self.session.session_id}"
         return f"run {self.run.run_id}"
 
-    def as_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         histogram = None
         if self.histogram is not None:
             histogram = {
@@ -87,13 +92,13 @@ class Report:
             "kind": self.kind,
             "generated": self.generated,
             "subject": self.subject,
-            "verdict": self.verdict,
-            "recommendations": self.recommendations,
+            "verdict": self.verdict.to_json(),
+            "recommendations": [r.to_json() for r in self.recommendations],
             "run": self.run.to_json(),
-            "diagnosis": self.diagnosis,
-            "session": self.session,
+            "diagnosis": self.diagnosis.to_json(),
+            "session": None if self.session is None else self.session.to_json(),
             "runs": [brief.to_json() for brief in self.runs],
-            "reproduce": reproduce_command(self.run.to_json()),
+            "reproduce": reproduce_command(self.run),
             "series": None if self.series is None else asdict(self.series),
             "latency_histogram": histogram,
         }
@@ -109,16 +114,14 @@ def build_report(store: Store, wanted: str) -> Report:
     session = None
     runs: list[RunBrief] = []
     if wanted.startswith(("sweep-", "doctor-")):
-        session = store.session(wanted).document
-        kind = "doctor" if session["schema"].startswith("feedscope.doctor") else "sweep"
-        focus = (session.get("verdict") or {}).get("run_id") or (session.get("knee") or {}).get(
-            "run_id"
-        )
-        run_ids = [run.run_id for run in store.runs() if run.session_id == session["session_id"]]
+        session = read_session(store, wanted)
+        kind = session.kind.value
+        knee = None if session.knee is None else session.knee.run_id
+        run_ids = [run.run_id for run in store.runs() if run.session_id == session.session_id]
         runs = [RunBrief.of(read_run(store, run_id)) for run_id in reversed(run_ids)]
-        focus = focus or (run_ids[0] if run_ids else None)
+        focus = session.verdict_run_id or knee or (run_ids[0] if run_ids else None)
         if focus is None:
-            raise InputError(f"session {session['session_id']} recorded no run: nothing to report")
+            raise InputError(f"session {session.session_id} recorded no run: nothing to report")
     else:
         kind = "run"
         focus = store.run(wanted).run_id
@@ -126,7 +129,7 @@ def build_report(store: Store, wanted: str) -> Report:
         kind=kind,
         generated=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         run=read_run(store, focus),
-        diagnosis=diagnose_run(store, focus).as_dict(),
+        diagnosis=diagnose_run(store, focus),
         session=session,
         runs=runs,
         series=run_series(store, focus),
@@ -137,7 +140,7 @@ def build_report(store: Store, wanted: str) -> Report:
 def render(report: Report, form: str) -> str:
     """The report in one of FORMATS."""
     if form == "json":
-        return json.dumps(report.as_dict(), indent=1, allow_nan=False, default=_plain) + "\n"
+        return json.dumps(report.to_json(), indent=1, allow_nan=False, default=_plain) + "\n"
     if form == "md":
         return markdown(report)
     if form == "html":
@@ -160,16 +163,16 @@ def markdown(report: Report) -> str:
     lines = [f"### feedscope: {_md(report.subject)}", ""]
     lines.append(f"**{_md(headline(verdict))}**")
     lines.append("")
-    lines += [f"- {_md(item['text'])}" for item in verdict["evidence"][:6]]
+    lines += [f"- {_md(item.text)}" for item in verdict.evidence[:6]]
     lines.append("")
     top = report.recommendations[0] if report.recommendations else None
     if top is not None:
-        line = f"**Top recommendation**: `{_code(top['setting'])}`: {_md(top['action'])}"
-        if top["predicted_images_per_s"] is not None:
-            shown = IMAGES_PER_S.text(top["predicted_images_per_s"], top.get("predicted_error"))
+        line = f"**Top recommendation**: `{_code(top.setting)}`: {_md(top.action)}"
+        if top.predicted_images_per_s is not None:
+            shown = IMAGES_PER_S.text(top.predicted_images_per_s, top.predicted_error)
             line += f"; predicted {shown}"
-        if top.get("measured_images_per_s") is not None:
-            line += f", verified {top['measured_images_per_s']:,.0f}"
+        if top.measured_images_per_s is not None:
+            line += f", verified {IMAGES_PER_S.number(top.measured_images_per_s)}"
         lines += [line, ""]
     if report.session is not None and report.runs:
         lines += [*_md_table(brief_grid(report.runs)), ""]
@@ -259,9 +262,9 @@ _CSS = (
 
 def _verdict_html(report: Report) -> str:
     verdict = report.verdict
-    evidence = "".join(f"<li>{_h(item['text'])}</li>" for item in verdict["evidence"])
+    evidence = "".join(f"<li>{_h(item.text)}</li>" for item in verdict.evidence)
     return (
-        f"<div class='verdict {_h(verdict['severity'])}'>{_h(headline(verdict))}</div>"
+        f"<div class='verdict {_h(verdict.severity.value)}'>{_h(headline(verdict))}</div>"
         f"<ul>{evidence}</ul>"
     )
 
@@ -273,49 +276,40 @@ def _recommendations_html(report: Report) -> str:
 
 
 def _session_html(report: Report) -> str:
-    session = report.session or {}
-    doctor = report.kind == "doctor"
-    knob = "num_workers" if doctor else session.get("knob", "num_workers")
-    points = session["sweep"] if doctor else session["points"]
-    dali = session.get("dali") or {}
+    session = report.session
+    if session is None:
+        return ""
+    knob, knee, dali = session.knob, session.knee, session.dali
     out = [f"<h2>Sweep of {_h(knob)}</h2>"]
-    if points:
-        curve = charts.sweep_curve(
-            points, knob, (session.get("knee") or {}).get(knob),
-            session.get("oversubscribed", []), dali.get("images_per_s"),
-            dali.get("setting", "DALI"),
-        )  # fmt: skip
-        out.append(charts.html_div(curve))
+    if session.points:
+        out.append(charts.html_div(charts.sweep_curve(session)))
+    out.append(_grid(point_grid(session)))
     out.append(_grid(brief_grid(report.runs)))
-    for item in session.get("skipped", []):
-        out.append(f"<p class=note>{_h(knob)}={_h(item['setting'])} not run: "
-                   f"{_h(item['reason'])}</p>")  # fmt: skip
-    knee = session.get("knee") or {}
-    if doctor and dali.get("images_per_s") is not None and knee.get("images_per_s"):
+    if dali is not None and dali.images_per_s is not None and knee is not None:
         out.append("<h2>DataLoader against DALI</h2>")
-        ids = {knee.get("run_id"), dali.get("run_id")}
+        ids = {knee.run_id, dali.run_id}
         out.append(charts.html_div(charts.compare_bars([b for b in report.runs if b.run in ids])))
-        ratio = dali["images_per_s"] / knee["images_per_s"]
-        advice = f" {_h(dali['advice'])}" if dali.get("advice") else ""
+        ratio = dali.images_per_s / knee.images_per_s if knee.images_per_s else 0.0
+        advice = f" {_h(dali.advice)}" if dali.advice else ""
         out.append(
-            f"<p>The best DataLoader setting ({knob}={_h(knee[knob])}) gave "
-            f"{knee['images_per_s']:,.0f} images/s; {_h(dali['setting'])} gave "
-            f"{dali['images_per_s']:,.0f} ({ratio:.2f}x).{advice}</p>"
+            f"<p>The best DataLoader setting ({knob}={knee.setting}) gave "
+            f"{IMAGES_PER_S.text(knee.images_per_s)}; {_h(dali.change.setting)} gave "
+            f"{IMAGES_PER_S.text(dali.images_per_s)} ({ratio:.2f}x).{advice}</p>"
         )
-    elif doctor and dali.get("reason"):
-        out.append(f"<p>DALI: not measured: {_h(dali['reason'])}</p>")
-    if doctor:
-        lines = epochs_lines(session.get("epochs"))
-        if session.get("consumer_alone") and session["consumer_alone"].get("images_per_s"):
-            alone = session["consumer_alone"]
+    elif dali is not None and dali.reason:
+        out.append(f"<p>DALI: not measured: {_h(dali.reason)}</p>")
+    if session.kind is SessionKind.DOCTOR:
+        lines = epochs_lines(session.epochs)
+        alone = session.consumer_alone
+        if alone and alone.get("images_per_s"):
             lines.append(
                 "the consumer alone, on batches already on the device: "
                 f"{IMAGES_PER_S.text(alone['images_per_s'], alone.get('images_per_s_error'))}: "
                 "the most any input fix can give"
             )
-        if session.get("startup_s"):
+        if session.startup_s:
             lines.append(
-                f"the lanes started once for the whole session, in {session['startup_s']:.1f} s"
+                f"the lanes started once for the whole session, in {session.startup_s:.1f} s"
             )
         out += [f"<p>{_h(line)}</p>" for line in lines]
     return "".join(out)

@@ -47,19 +47,20 @@ def runs(db: Path | None, as_json: bool, limit: int) -> int:
 def show(db: Path | None, run_id: str, as_json: bool) -> int:
     """A run and its diagnosis, or a sweep or doctor session."""
     from probe.judge.diagnosis import diagnose_run
+    from probe.judge.results import read_session
 
     with Store(db) as store:
         if run_id.startswith(("sweep-", "doctor-")):
-            session = store.session(run_id).document
+            session = read_session(store, run_id)
             if as_json:
-                click.echo(json.dumps(session, indent=2))
+                click.echo(json.dumps(session.to_json(), indent=2))
             else:
                 console.print_session(session)
             return 0
         document = read_run(store, run_id)
-        diagnosis = diagnose_run(store, document.run_id).as_dict()
+        diagnosis = diagnose_run(store, document.run_id)
     if as_json:
-        click.echo(json.dumps({**document.to_json(), "diagnosis": diagnosis}, indent=2))
+        click.echo(json.dumps({**document.to_json(), "diagnosis": diagnosis.to_json()}, indent=2))
         return 0
     host = document.host
     reason = f": {document.reason}" if document.reason else ""

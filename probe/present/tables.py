@@ -7,10 +7,13 @@ Labels, units and formats are those of `probe.metrics`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
+from probe.judge.changes import Recommendation
+from probe.judge.results import EpochsRun, Session
+from probe.judge.thresholds import Severity
+from probe.judge.verdicts import Verdict
 from probe.metrics import (
     CPU,
     DATA_WAIT,
@@ -87,22 +90,56 @@ def brief_grid(briefs: Sequence[RunBrief]) -> Grid:
     return Grid(header, rows, frozenset({3, 4, 5, 7}))
 
 
-def recommendation_grid(recommendations: Sequence[Mapping[str, Any]]) -> Grid:
+def recommendation_grid(recommendations: Sequence[Recommendation]) -> Grid:
     """Ranked recommendations: the change, what it is, predicted and verified images/s, and how
     the prediction was made."""
     header = ("#", "change", "what", "predicted images/s", "verified images/s", "basis")
     rows = tuple(
         (
             str(rank),
-            str(item["setting"]),
-            str(item["action"]),
-            IMAGES_PER_S.cell(item["predicted_images_per_s"], item.get("predicted_error")),
-            IMAGES_PER_S.cell(item.get("measured_images_per_s")),
-            "; ".join([str(item["basis"]), *item.get("notes", ())]),
+            item.setting,
+            item.action,
+            IMAGES_PER_S.cell(item.predicted_images_per_s, item.predicted_error),
+            IMAGES_PER_S.cell(item.measured_images_per_s),
+            "; ".join([item.basis, *item.notes]),
         )
         for rank, item in enumerate(recommendations, 1)
     )
     return Grid(header, rows, frozenset({0, 3, 4}))
+
+
+def point_grid(session: Session) -> Grid:
+    """A sweep's points (a doctor's too): each setting's images/s, data-wait and CPU cores,
+    what it was (knee, best, oversubscribed, on a busy host), its run; then what was not run."""
+    knob = session.knob
+    knee = None if session.knee is None else session.knee.setting
+    best = None if session.best is None else session.best.setting
+    over = set(session.oversubscribed)
+    header = (knob, IMAGES_PER_S.heading, DATA_WAIT.heading, CPU.heading, "", "run")
+    rows = []
+    for point in session.points:
+        marks = [
+            mark
+            for mark, holds in (
+                ("knee", point.setting == knee),
+                ("best", point.setting == best),
+                ("oversubscribed: slower than the best", point.setting in over),
+                ("the host was busy: not trusted", point.host_busy),
+            )
+            if holds
+        ]
+        rows.append(
+            (
+                str(point.setting),
+                IMAGES_PER_S.cell(point.images_per_s, point.images_per_s_error),
+                DATA_WAIT.cell(point.data_wait_frac, point.data_wait_frac_error),
+                CPU.cell(point.cpu_pct),
+                ", ".join(marks),
+                point.run_id or "",
+            )
+        )
+    rows += [(str(s.setting), "-", "-", "-", f"not run: {s.reason}", "") for s in session.skipped]
+    return Grid(header, tuple(rows), frozenset({0, 1, 2, 3}))
 
 
 def gpu_busy(figures: LaneFigures) -> str:
@@ -118,16 +155,16 @@ def gpu_busy(figures: LaneFigures) -> str:
     return shown
 
 
-def headline(verdict: Mapping[str, Any]) -> str:
+def headline(verdict: Verdict) -> str:
     """A verdict in one line: its title, severity and data-wait, and whether it is partial or
     not trusted."""
-    text = str(verdict["title"])
-    if verdict["severity"] != "none":
-        wait = DATA_WAIT.text(verdict["data_wait_frac"])
-        text += f" ({verdict['severity']}: {DATA_WAIT.label} {wait})"
-    if verdict.get("partial"):
+    text = verdict.title
+    if verdict.severity is not Severity.NONE:
+        wait = DATA_WAIT.text(verdict.data_wait_frac)
+        text += f" ({verdict.severity.value}: {DATA_WAIT.label} {wait})"
+    if verdict.partial:
         text += " - partial: the run did not complete"
-    if verdict.get("reliable") is False:
+    if not verdict.reliable:
         text += " - not trusted: the host was busy"
     return text
 
@@ -200,20 +237,83 @@ def _transients(lane: LaneDocument) -> list[str]:
     return out
 
 
-def epochs_lines(epochs: dict[str, Any] | None) -> list[str]:
+def epochs_lines(epochs: EpochsRun | None) -> list[str]:
     """Your setting read epoch by epoch, against the same read as one stream."""
-    if not epochs:
+    if epochs is None:
         return []
-    if epochs.get("images_per_s") is None:
-        return [f"epoch by epoch: not measured: {epochs.get('reason')}"]
-    shown = IMAGES_PER_S.cell(epochs["images_per_s"], epochs.get("images_per_s_error"))
+    if epochs.images_per_s is None:
+        return [f"epoch by epoch: not measured: {epochs.reason}"]
+    shown = IMAGES_PER_S.text(epochs.images_per_s, epochs.images_per_s_error)
     line = (
-        f"epoch by epoch ({epochs['setting']}, {epochs['batches_per_epoch']} batches per epoch, "
-        f"as a `for` loop per epoch reads it): {shown} images/s"
+        f"epoch by epoch (num_workers={epochs.num_workers}, {epochs.batches_per_epoch} batches "
+        f"per epoch, as a `for` loop per epoch reads it): {shown}"
     )
-    if epochs.get("cost_frac") is not None:
-        line += f", {epochs['cost_frac']:.1%} below the same read as one stream"
-    start = epochs.get("epoch_start")
+    if epochs.cost_frac is not None:
+        line += f", {epochs.cost_frac:.1%} below the same read as one stream"
+    start = epochs.epoch_start
     if start:
-        line += f"; each epoch start {start['stall_ms']:,.0f} ms, {start['share']:.1%} of the time"
+        line += f"; each epoch start {start.stall_ms:,.0f} ms, {start.share:.1%} of the time"
     return [line]
+
+
+def diagnosis_lines(verdict: Verdict, recommendations: Sequence[Recommendation]) -> list[str]:
+    """A verdict with its evidence, then the recommendations, ranked."""
+    lines = [f"verdict: {headline(verdict)}"] + [f"  - {item.text}" for item in verdict.evidence]
+    if recommendations:
+        lines.append("recommendations:")
+    for rank, item in enumerate(recommendations, 1):
+        predicted = item.predicted_images_per_s
+        line = f"  {rank}. {item.setting}: {item.action}"
+        if predicted is not None:
+            shown = IMAGES_PER_S.text(predicted, item.predicted_error)
+            line += f"; predicted {shown} ({item.basis})"
+        else:
+            line += f" ({item.basis})"
+        if item.measured_images_per_s is not None:
+            measured = item.measured_images_per_s
+            change = f" ({measured / predicted - 1:+.1%})" if predicted else ""
+            line += f"; verified: {IMAGES_PER_S.text(measured)}{change}"
+        lines.append(line)
+        lines += [f"     {note}" for note in item.notes]
+    return lines
+
+
+def doctor_lines(session: Session) -> list[str]:
+    """The doctor's answer: verdict, DALI, the epoch reading, recommendations and
+    verification, as text."""
+    if session.verdict is None:
+        return [f"session {session.session_id}: no answer: {session.reason}"]
+    lines = diagnosis_lines(session.verdict, session.recommendations)
+    dali = session.dali
+    if dali is not None and dali.images_per_s is not None:
+        shown = IMAGES_PER_S.text(dali.images_per_s, dali.images_per_s_error)
+        wait = DATA_WAIT.text(dali.data_wait_frac)
+        line = f"DALI ({dali.change.setting}): {shown}, {DATA_WAIT.label} {wait}"
+        lines.append(line + (f": {dali.advice}" if dali.advice else ""))
+    elif dali is not None:
+        lines.append(f"DALI: not measured: {dali.reason}")
+    lines += epochs_lines(session.epochs)
+    verify = session.verify
+    if verify is None:
+        lines.append("not verified: the budget ran out, the run was stopped, or nothing to run")
+    elif verify.error_frac is not None:
+        agrees = "within" if verify.agrees else "more than"
+        predicted = IMAGES_PER_S.cell(
+            verify.predicted_images_per_s, verify.predicted_images_per_s_error
+        )
+        measured = IMAGES_PER_S.text(
+            verify.measured_images_per_s, verify.measured_images_per_s_error
+        )
+        lines.append(
+            f"verified {verify.change.setting}: predicted {predicted}, measured {measured} "
+            f"({verify.error_frac:+.1%}: {agrees} their errors and the drift between runs; "
+            f"run {verify.run_id})"
+        )
+    if session.startup_s:
+        lines.append(
+            f"the lanes started, with the consumer tuned and timed alone, in "
+            f"{session.startup_s:.1f} s"
+        )
+    if session.consumer_note:
+        lines.append(f"consumer: {session.consumer_note}")
+    return lines

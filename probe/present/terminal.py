@@ -13,9 +13,10 @@ from typing import Any
 
 from rich.table import Table
 
+from probe.judge.results import Session
 from probe.measure.bench import BenchResult
-from probe.metrics import CPU, DATA_WAIT, IMAGES_PER_S, LaneFigures
-from probe.present.tables import epochs_lines, headline, lane_grid
+from probe.metrics import DATA_WAIT, IMAGES_PER_S, LaneFigures
+from probe.present.tables import lane_grid, point_grid
 from probe.store.documents import RunDocument
 
 
@@ -93,103 +94,16 @@ def lanes_text(document: RunDocument) -> str:
     return "gpu " + ",".join(str(g) for g in gpus)
 
 
-def diagnosis_lines(
-    verdict: dict[str, Any], recommendations: Sequence[dict[str, Any]]
-) -> list[str]:
-    """A verdict with its evidence, then the recommendations, ranked."""
-    head = f"verdict: {headline(verdict)}"
-    lines = [head] + [f"  - {item['text']}" for item in verdict["evidence"]]
-    if recommendations:
-        lines.append("recommendations:")
-    for rank, item in enumerate(recommendations, 1):
-        predicted = item["predicted_images_per_s"]
-        line = f"  {rank}. {item['setting']}: {item['action']}"
-        if predicted is not None:
-            shown = IMAGES_PER_S.cell(predicted, item.get("predicted_error"))
-            line += f"; predicted {shown} images/s ({item['basis']})"
-        else:
-            line += f" ({item['basis']})"
-        if item.get("measured_images_per_s") is not None:
-            measured = item["measured_images_per_s"]
-            change = f" ({measured / predicted - 1:+.1%})" if predicted else ""
-            line += f"; verified: {measured:,.0f} images/s{change}"
-        lines.append(line)
-        lines += [f"     {note}" for note in item.get("notes", ())]
-    return lines
-
-
-def sweep_table(points: Sequence[dict[str, Any]], knob: str, document: dict[str, Any]) -> Table:
-    """A sweep's points, its knee and what it flagged."""
-    knee = (document.get("knee") or {}).get(knob)
-    best = (document.get("best") or {}).get(knob)
-    over = set(document.get("oversubscribed", []))
-    table = Table(title=f"sweep of {knob}, consumer {document['consumer']}")
+def sweep_table(session: Session) -> Table:
+    """A sweep's points (a doctor's too), its knee and what it flagged."""
+    grid = point_grid(session)
+    table = Table(title=f"sweep of {session.knob}, consumer {session.consumer}")
     table.caption = "± is the 95% interval of each point's images/s"
-    for column in (knob, IMAGES_PER_S.heading, DATA_WAIT.heading, CPU.heading, "", "run"):
-        table.add_column(column, justify="left" if column in ("", "run") else "right")
-    for point in points:
-        marks = []
-        if point[knob] == knee:
-            marks.append("knee")
-        if point[knob] == best:
-            marks.append("best")
-        if point[knob] in over:
-            marks.append("oversubscribed: slower than the best")
-        if point.get("host_busy"):
-            marks.append("the host was busy: not trusted")
-        table.add_row(
-            str(point[knob]),
-            IMAGES_PER_S.cell(point["images_per_s"], point.get("images_per_s_error")),
-            DATA_WAIT.cell(point["data_wait_frac"], point.get("data_wait_frac_error")),
-            CPU.cell(point.get("cpu_pct")),
-            ", ".join(marks),
-            point["run_id"] or "",
-        )
-    for item in document.get("skipped", []):
-        table.add_row(str(item["setting"]), "-", "-", "-", f"not run: {item['reason']}", "")
+    for i, column in enumerate(grid.header):
+        table.add_column(column, justify="right" if i in grid.numeric else "left")
+    for row in grid.rows:
+        table.add_row(*row)
     return table
-
-
-def doctor_lines(document: dict[str, Any]) -> list[str]:
-    """The doctor's answer: verdict, DALI, the epoch reading, recommendations and
-    verification, as text."""
-    lines = diagnosis_lines(document["verdict"], document["recommendations"])
-    dali = document["dali"]
-    if dali["images_per_s"] is not None:
-        shown = IMAGES_PER_S.cell(dali["images_per_s"], dali.get("images_per_s_error"))
-        dali_line = f"DALI ({dali['setting']}): {shown} images/s"
-        dali_line += f", data-wait {DATA_WAIT.cell(dali['data_wait_frac'])}"
-        lines.append(dali_line + (f": {dali['advice']}" if dali.get("advice") else ""))
-    else:
-        lines.append(f"DALI: not measured: {dali['reason']}")
-    lines += epochs_lines(document.get("epochs"))
-    verify = document.get("verify")
-    if verify is None:
-        lines.append("not verified: the budget ran out, the run was stopped, or nothing to run")
-    elif verify["error_frac"] is not None:
-        agrees = (
-            "within their errors and the drift between runs"
-            if verify.get("agrees")
-            else "more than their errors and the drift between runs"
-        )
-        predicted = IMAGES_PER_S.cell(
-            verify["predicted_images_per_s"], verify.get("predicted_images_per_s_error")
-        )
-        measured = IMAGES_PER_S.cell(
-            verify["measured_images_per_s"], verify.get("measured_images_per_s_error")
-        )
-        lines.append(
-            f"verified {verify['setting']}: predicted {predicted}, measured {measured} images/s "
-            f"({verify['error_frac']:+.1%}: {agrees}; run {verify['run_id']})"
-        )
-    start = document.get("startup_s")
-    if start:
-        lines.append(
-            f"the lanes started, with the consumer tuned and timed alone, in {start:.1f} s"
-        )
-    if document.get("consumer_note"):
-        lines.append(f"consumer: {document['consumer_note']}")
-    return lines
 
 
 def bench_table(results: Sequence[BenchResult]) -> Table:

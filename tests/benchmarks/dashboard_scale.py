@@ -55,7 +55,9 @@ def write_run(store: Store, hours: float, gpus: int, hz: float = 10.0) -> str:
         "cpus": 128,
         "gpus": [{"index": i, "uuid": u, "name": "NVIDIA H200"} for i, u in enumerate(uuids)],
     }
-    spec = PipelineSpec("/data/imagenet/train", 256, dataloader=DataLoaderOptions(num_workers=16))
+    spec = PipelineSpec(
+        Path("/data/imagenet/train"), 256, dataloader=DataLoaderOptions(num_workers=16)
+    )
     config = {
         "pipeline": "torch", "spec": spec.as_dict(), "consumer": "model:resnet50",
         "warmup": 5, "batches": None, "duration_s": hours * 3600, "sample_hz": hz,
@@ -98,9 +100,9 @@ def write_run(store: Store, hours: float, gpus: int, hz: float = 10.0) -> str:
         store.add_host_samples(run_id, "scale", host_rows)
         store.add_lane_cpu(run_id, cpu_rows)
         store.add_batches(run_id, events)
-    for lane in store.lanes(run_id):
-        store.update_lane(run_id, lane.lane, status=RunStatus.COMPLETED,
-                          summary=figures_from_store(store, run, lane))  # fmt: skip
+    for record in store.lanes(run_id):
+        store.update_lane(run_id, record.lane, status=RunStatus.COMPLETED,
+                          summary=figures_from_store(store, run, record))  # fmt: skip
     store.finish_run(run_id, RunStatus.COMPLETED, None, ticks * step_ns)
     return run_id
 
@@ -143,7 +145,7 @@ def main() -> None:
                     took, results[name] = timed(work)
                     rows.setdefault(name, []).append(took)
                 drawn = (results["series (SQL, downsampled)"], results["latency histogram"])
-                took, _ = timed(lambda drawn=drawn: run_figures(*drawn))  # type: ignore[misc]
+                took, _ = timed(lambda drawn=drawn: run_figures(*drawn))
                 rows.setdefault("figures (plotly)", []).append(took)
             st.cache_data.clear()  # every open measured cold, as a first visit is
             page = AppTest.from_file(str(APP), default_timeout=60)

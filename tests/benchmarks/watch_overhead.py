@@ -92,10 +92,10 @@ def main() -> None:
         table.add_column(column, justify="left" if column == "loop" else "right")
     for name, times in per_batch.items():
         batch = statistics.median(times)
-        images = statistics.median(rate[name])
+        throughput = statistics.median(rate[name])
         table.add_row(
-            name, f"{batch * 1e6:.2f}", f"{(batch - plain_batch) * 1e6:.2f}", f"{images:,.0f}",
-            f"{images / plain_rate - 1:+.1%}",
+            name, f"{batch * 1e6:.2f}", f"{(batch - plain_batch) * 1e6:.2f}", f"{throughput:,.0f}",
+            f"{throughput / plain_rate - 1:+.1%}",
         )  # fmt: skip
     Console(width=120).print(table)
     spread = " / ".join(f"{min(v):,.0f}-{max(v):,.0f}" for v in rate.values())
