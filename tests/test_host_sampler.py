@@ -38,7 +38,7 @@ def test_lane_processes_and_their_children_are_attributed_to_the_lane() -> None:
     assert 60 <= sample.main_thread_cpu_pct <= 110
     assert sample.cpu_pct >= sample.main_cpu_pct + 40  # its child burns too (2 cores here)
     assert len(host.per_core_pct) == psutil.cpu_count()
-    assert host.cpu_pct > 40
+    assert host.cpu_pct / 100 * len(host.per_core_pct) > 1.2  # two busy processes, in cores
     assert host.tree_cpu_pct is not None and host.memory_used_mib is not None
     assert host.tree_cpu_pct >= sample.cpu_pct - 1
     assert host.memory_used_mib > 0

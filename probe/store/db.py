@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
@@ -355,18 +355,18 @@ class Store:
         """The first and last time anything of the run was recorded (monotonic ns)."""
         row = self._db.execute(
             "SELECT MIN(t), MAX(t) FROM ("
-            " SELECT MIN(t_ns) AS t FROM batches WHERE run_id = ?1"
+            " SELECT MIN(t_ns) AS t FROM batches WHERE run_id = :run"
             " UNION ALL SELECT MAX(t_ns + CAST((wait_s + step_s) * 1e9 AS INTEGER))"
-            "  FROM batches WHERE run_id = ?1"
-            " UNION ALL SELECT MIN(t_ns) FROM gpu_samples WHERE run_id = ?1"
-            " UNION ALL SELECT MAX(t_ns) FROM gpu_samples WHERE run_id = ?1"
-            " UNION ALL SELECT MIN(t_ns) FROM host_samples WHERE run_id = ?1"
-            " UNION ALL SELECT MAX(t_ns) FROM host_samples WHERE run_id = ?1)",
-            (run_id,),
+            "  FROM batches WHERE run_id = :run"
+            " UNION ALL SELECT MIN(t_ns) FROM gpu_samples WHERE run_id = :run"
+            " UNION ALL SELECT MAX(t_ns) FROM gpu_samples WHERE run_id = :run"
+            " UNION ALL SELECT MIN(t_ns) FROM host_samples WHERE run_id = :run"
+            " UNION ALL SELECT MAX(t_ns) FROM host_samples WHERE run_id = :run)",
+            {"run": run_id},
         ).fetchone()
         return None if row[0] is None else (row[0], row[1])
 
-    def query(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
+    def query(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> list[sqlite3.Row]:
         """The rows of one read (for the store's own modules: series, merge)."""
         return self._db.execute(sql, params).fetchall()
 

@@ -434,10 +434,11 @@ def host_rows_bucketed(
 ) -> list[HostSample]:
     """The first host sample of each time bucket (per-core figures are long to decode)."""
     rows = store.query(
-        "SELECT * FROM host_samples WHERE run_id = ?1 AND t_ns IN ("
-        " SELECT MIN(t_ns) FROM host_samples WHERE run_id = ?1 GROUP BY (t_ns - ?2) / ?3)"
+        "SELECT * FROM host_samples WHERE run_id = :run AND t_ns IN ("
+        " SELECT MIN(t_ns) FROM host_samples WHERE run_id = :run"
+        " GROUP BY (t_ns - :start) / :bucket)"
         " ORDER BY t_ns",
-        (run_id, start_ns, bucket_ns),
+        {"run": run_id, "start": start_ns, "bucket": bucket_ns},
     )
     return [host_from_row(row) for row in rows]
 
