@@ -1,4 +1,5 @@
-"""Storing: one SQLite file per store (`db`), the documents a run and its lanes are read as
-(`documents`), the dashboard's downsampled series and listings (`series`), and joining stores
-(`merge`). Imports `probe.records` and `probe.metrics`; never measures or judges.
+"""Storing: one SQLite file per store (`db`), its tables, migrations and row mapping
+(`schema`), a run read as a typed document (`documents`), the dashboard's downsampled and live
+series (`series`), and joining stores (`merge`). Imports `probe.records` and `probe.metrics`;
+never measures, judges or presents.
 """
