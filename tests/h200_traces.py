@@ -21,7 +21,7 @@ from typing import Any
 
 from probe.records import BatchEvent, GpuSample, HostSample, LaneRecord, RunRecord, RunStatus
 from probe.store.db import Store
-from probe.store.documents import figures_from_store
+from probe.store.documents import lane_figures_from_store
 
 TRACES = Path(__file__).parent / "data" / "h200-traces"
 TOGETHER = {"two_gpu_rn50": ["two_gpu_rn50_gpu0_w14", "two_gpu_rn50_gpu1_w14"]}
@@ -134,7 +134,7 @@ def convert_run(
         if lane == 0:  # one host: its CPU as the first lane's process saw it
             store.add_host_samples(run_id, HOST, [_host_sample(row) for row in samples])
     for record in store.lanes(run_id):
-        store.update_lane(run_id, record.lane, summary=figures_from_store(store, run, record))
+        store.update_lane(run_id, record.lane, summary=lane_figures_from_store(store, run, record))
     store.finish_run(run_id, RunStatus.COMPLETED, None, end_ns)
     return run_id
 

@@ -15,7 +15,7 @@ from pipelines import discover
 from pipelines.dataset import read_order, shard
 from probe.records import RunExport
 from probe.store.db import Store
-from probe.store.documents import run_document
+from probe.store.documents import read_run
 from probe.store.merge import export_run, import_run
 
 
@@ -87,7 +87,7 @@ def test_merge_joins_the_lanes_each_node_recorded(
     assert f"node-b.db: run {run_id}: lanes 1" in merged.stderr
     with Store(tmp_path / "all.db") as store:
         run = store.run(run_id)
-        document = run_document(store, run_id)
+        document = read_run(store, run_id).to_json()
         batches = store.batches(run_id)
     assert run.status.value == "completed" and run.reason is None
     assert [x["hostname"] for x in document["lanes"]] == ["node-a", "node-b"]

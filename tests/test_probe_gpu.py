@@ -94,7 +94,7 @@ def test_watch_finds_a_ddp_resnet50_loop_fed_by_4_dataloader_workers_per_gpu_sta
     from probe.judge.diagnosis import diagnose_run
     from probe.judge.verdicts import STARVED
     from probe.store.db import Store
-    from probe.store.documents import run_document
+    from probe.store.documents import read_run
 
     db = tmp_path / "watch.db"
     script = Path(__file__).with_name("watch_resnet50.py")
@@ -106,7 +106,7 @@ def test_watch_finds_a_ddp_resnet50_loop_fed_by_4_dataloader_workers_per_gpu_sta
     assert result.returncode == 0, result.stderr[-3000:]
     with Store(db) as store:
         (run,) = store.runs()
-        document = run_document(store, run.run_id)
+        document = read_run(store, run.run_id).to_json()
         diagnosis = diagnose_run(store, run.run_id).to_json()
     print(json.dumps({"run": {k: document[k] for k in ("run_id", "status", "images_per_s")},
                       "lanes": document["lanes"], "verdict": diagnosis["verdict"],

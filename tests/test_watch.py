@@ -18,7 +18,7 @@ from probe.judge.diagnosis import diagnose_run
 from probe.measure.timer import BatchTimer
 from probe.records import BatchEvent
 from probe.store.db import Store
-from probe.store.documents import run_document
+from probe.store.documents import read_run
 
 LOAD_S = 0.003  # per item, in the loader
 STEP_S = 0.025  # per batch, in the "training step"
@@ -50,7 +50,7 @@ def test_watch_records_the_wait_and_step_split_of_a_training_loop(tmp_path: Path
     with Store(db) as store:
         (run,) = store.runs()
         events = store.batches(run.run_id)
-        document = run_document(store, run.run_id)
+        document = read_run(store, run.run_id).to_json()
         diagnosis = diagnose_run(store, run.run_id)
     assert run.kind == "watch" and run.status.value == "completed" and run.label == "sleepy"
     assert [e.index for e in events] == list(range(16))
@@ -90,7 +90,7 @@ def test_a_watched_job_is_one_run_with_an_epoch_per_for_and_its_epoch_starts_jud
     with Store(db) as store:
         (run,) = store.runs()
         events = store.batches(run.run_id)
-        document = run_document(store, run.run_id)
+        document = read_run(store, run.run_id).to_json()
         diagnosis = diagnose_run(store, run.run_id).to_json()
     assert run.status.value == "completed" and run.label == "four epochs"
     assert [e.epoch for e in events] == [0] * 4 + [1] * 4 + [2] * 4 + [3] * 4

@@ -9,7 +9,7 @@ import queue
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from probe.measure.config import Checked, ProbeConfig, batch_sizes
@@ -18,7 +18,7 @@ from probe.measure.recorder import Recorder
 from probe.metrics import wait_share
 from probe.records import BatchEvent, RunRecord, RunStatus
 from probe.store.db import Store
-from probe.store.documents import figures_from_store
+from probe.store.documents import lane_figures_from_store
 
 if TYPE_CHECKING:
     from probe.measure.runner import Lanes
@@ -227,8 +227,11 @@ class Coordinator:
                 lane.lane, (RunStatus.INTERRUPTED, "the run ended before the lane did")
             )
             ended = self.ended.get(lane.lane, {})
-            figures = figures_from_store(self.store, self.run_record, lane, ended.get("starts"))
-            figures.update(
+            figures = lane_figures_from_store(
+                self.store, self.run_record, lane, ended.get("starts")
+            )
+            figures = replace(
+                figures,
                 skipped_files=ended.get("skipped_files", 0),
                 capped=ended.get("capped", False),
                 warmup_settled=ended.get("warmup_settled"),

@@ -288,7 +288,7 @@ class _Recording:
             self.finish(RunStatus.COMPLETED, None)
 
     def _write_loop(self) -> None:
-        from probe.store.documents import figures_from_store
+        from probe.store.documents import lane_figures_from_store
 
         try:
             with Store(self.store_path) as store:
@@ -303,7 +303,7 @@ class _Recording:
                 run, lane = store.run(self.run.run_id), store.lanes(self.run.run_id)
                 mine = next(x for x in lane if x.lane == self.lane)
                 store.update_lane(run.run_id, self.lane, status=status, reason=reason,
-                                  summary=figures_from_store(store, run, mine))  # fmt: skip
+                                  summary=lane_figures_from_store(store, run, mine))  # fmt: skip
                 settle_run(store, run.run_id)
         except Exception as error:  # never break training
             _warn_once(f"recording stopped: {error}")

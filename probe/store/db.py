@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines import InputError
-from probe.metrics import GPU_COLUMNS
+from probe.metrics import GPU_COLUMNS, LaneFigures
 from probe.records import (
     BatchEvent,
     GpuSample,
@@ -410,6 +410,8 @@ class Store:
 def _column_value(value: Any) -> Any:
     if isinstance(value, Enum):
         return value.value
+    if isinstance(value, LaneFigures):
+        return json.dumps(value.to_json())
     if isinstance(value, dict):
         return json.dumps(value)
     return value

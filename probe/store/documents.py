@@ -4,6 +4,8 @@
 `read_run` is what the judging and presenting layers read; `RunDocument.to_json()` is the run's
 JSON (schema `feedscope.run/1`), made only where it leaves the program: `--json`, reports, the
 dashboard's downloads. `RunBrief` is a run's headline figures, to compare runs side by side.
+`lane_figures_from_store` computes a lane's figures from its events and samples: what a lane
+stores as its summary when it ends.
 """
 
 from __future__ import annotations
@@ -177,13 +179,6 @@ def lane_figures_from_store(
     return lane_figures(events, gpu, cpu, reading=Reading.of(run), starts=starts)
 
 
-def figures_from_store(
-    store: Store, run: RunRecord, lane: LaneRecord, starts: Sequence[Sequence[int]] | None = None
-) -> dict[str, Any]:
-    """`lane_figures_from_store` as JSON, as a lane's stored summary."""
-    return lane_figures_from_store(store, run, lane, starts).to_json()
-
-
 def lane_figures_of(store: Store, run: RunRecord, lane: LaneRecord) -> LaneFigures:
     """A lane's figures: those it stored when it ended, else computed from its events."""
     if lane.summary is not None:
@@ -227,8 +222,3 @@ def read_run(store: Store, run_id: str) -> RunDocument:
         ),
         lanes=lanes,
     )
-
-
-def run_document(store: Store, run_id: str) -> dict[str, Any]:
-    """A stored run's JSON (schema `feedscope.run/1`)."""
-    return read_run(store, run_id).to_json()

@@ -39,7 +39,7 @@ from probe.records import (
     RunStatus,
 )
 from probe.store.db import Store
-from probe.store.documents import figures_from_store, run_document
+from probe.store.documents import lane_figures_from_store, read_run
 from probe.store.series import latency_histogram, run_series
 
 APP = Path(__file__).resolve().parents[2] / "app" / "streamlit_app.py"
@@ -102,7 +102,7 @@ def write_run(store: Store, hours: float, gpus: int, hz: float = 10.0) -> str:
         store.add_batches(run_id, events)
     for record in store.lanes(run_id):
         store.update_lane(run_id, record.lane, status=RunStatus.COMPLETED,
-                          summary=figures_from_store(store, run, record))  # fmt: skip
+                          summary=lane_figures_from_store(store, run, record))  # fmt: skip
     store.finish_run(run_id, RunStatus.COMPLETED, None, ticks * step_ns)
     return run_id
 
@@ -135,7 +135,7 @@ def main() -> None:
         for _ in range(args.repeat):
             with Store(db) as store:
                 parts = {
-                    "run document": lambda: run_document(store, str(run_id)),
+                    "run document": lambda: read_run(store, str(run_id)).to_json(),
                     "diagnosis": lambda: diagnose_run(store, str(run_id)),
                     "series (SQL, downsampled)": lambda: run_series(store, str(run_id)),
                     "latency histogram": lambda: latency_histogram(store, str(run_id)),

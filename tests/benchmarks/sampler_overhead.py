@@ -25,7 +25,7 @@ from probe.measure.consumers import parse_consumer
 from probe.measure.devices import cuda_devices, select_gpus
 from probe.measure.runner import run_probe
 from probe.store.db import Store
-from probe.store.documents import run_document
+from probe.store.documents import read_run
 
 RATES = (0.0, 10.0, 100.0)
 
@@ -60,7 +60,7 @@ def main() -> None:
                     duration_s=args.duration, sample_hz=rate,
                 )  # fmt: skip
                 run_id = run_probe(config, store)
-                throughput[rate].append(run_document(store, run_id)["images_per_s"])
+                throughput[rate].append(read_run(store, run_id).images_per_s)
                 if rate > 0:
                     sampler_cpu[rate].append(_coordinator_cpu_pct(store, run_id))
                 print(
