@@ -255,12 +255,21 @@ class LaneFigures:
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
         if values.get("epoch_start") is not None:
-            values["epoch_start"] = EpochStartCost(**values["epoch_start"])
+            values["epoch_start"] = _known(EpochStartCost, values["epoch_start"])
         if values.get("batch_latency_ms") is not None:
-            values["batch_latency_ms"] = Percentiles(**values["batch_latency_ms"])
+            values["batch_latency_ms"] = _known(Percentiles, values["batch_latency_ms"])
         else:
             values.pop("batch_latency_ms", None)
         return cls(**values)
+
+
+_Record = TypeVar("_Record", EpochStartCost, Percentiles)
+
+
+def _known(kind: type[_Record], data: Mapping[str, Any]) -> _Record:
+    """A record from the keys of `data` it has (keys it lacks keep their defaults)."""
+    names = {f.name for f in fields(kind)}
+    return kind(**{k: v for k, v in data.items() if k in names})
 
 
 @dataclass(frozen=True)

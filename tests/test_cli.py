@@ -286,6 +286,7 @@ def reproduced(config: ProbeConfig) -> list[str]:
          "--precision", "2.5%", "--warmup", "auto", "--consumer", "none"],
         ["--gpus", "0,1", "--batches", "20", "--consumer", "sleep:12.5"],
         ["--pipeline", "dali", "--precision", "0.05"],  # every visible GPU
+        ["--pipeline", "dali", "--gpus", "1", "--decoder", "mixed"],
     ],
 )  # fmt: skip
 def test_the_reproduced_command_parses_to_the_same_config(

@@ -40,7 +40,7 @@ FENCES: dict[str, tuple[str, ...]] = {
     "pynvml": ("probe.measure.samplers.nvml",),
     "psutil": ("probe.measure.samplers.host",),
     "plotly": ("probe.present.charts",),
-    "rich": ("probe.present.cli", "probe.present.console", "probe.present.terminal"),
+    "rich": ("probe.present.console", "probe.present.terminal"),
     "nvidia.dali": ("pipelines.dali_loader",),
     "streamlit": ("app.*",),
 }
@@ -62,19 +62,44 @@ SOURCES = {module_name(p): p for top in FIRST_PARTY for p in sorted((ROOT / top)
 
 
 def imports(module: str, uses: bool = False) -> Iterator[tuple[int, str]]:
-    """(line, dotted name) of each import in a module (`from a import b` gives `a.b`); with
-    `uses`, also each `name.attribute`, which shows `torch.cuda.x()` however torch was bound."""
+    """(line, dotted name) of each import in a module (`from a import b` gives `a.b`;
+    `__import__("a")` and `importlib.import_module("a")` give `a`); with `uses`, also each
+    `name.attribute`, its name read through the module's import aliases, which shows
+    `torch.cuda.x()` however torch was bound."""
     path = SOURCES[module]
     package = module.split(".")[: None if path.name == "__init__.py" else -1]
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    aliases: dict[str, str] = {}
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            yield from ((node.lineno, alias.name) for alias in node.names)
+            for alias in node.names:
+                aliases[alias.asname or alias.name.split(".")[0]] = (
+                    alias.name if alias.asname else alias.name.split(".")[0]
+                )
+                yield node.lineno, alias.name
         elif isinstance(node, ast.ImportFrom):
             base = package[: len(package) + 1 - node.level] if node.level else []
             source = ".".join([*base, *filter(None, [node.module])])
-            yield from ((node.lineno, f"{source}.{alias.name}") for alias in node.names)
-        elif uses and isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
-            yield node.lineno, f"{node.value.id}.{node.attr}"
+            for alias in node.names:
+                aliases[alias.asname or alias.name] = f"{source}.{alias.name}"
+                yield node.lineno, f"{source}.{alias.name}"
+        elif isinstance(node, ast.Call) and _imports_by_name(node):
+            argument = node.args[0] if node.args else None
+            if isinstance(argument, ast.Constant) and isinstance(argument.value, str):
+                yield node.lineno, argument.value
+    if uses:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+                name = aliases.get(node.value.id, node.value.id)
+                yield node.lineno, f"{name}.{node.attr}"
+
+
+def _imports_by_name(call: ast.Call) -> bool:
+    """Whether a call imports a module named by a string: `__import__`, `import_module`."""
+    function = call.func
+    if isinstance(function, ast.Name):
+        return function.id in ("__import__", "import_module")
+    return isinstance(function, ast.Attribute) and function.attr == "import_module"
 
 
 def ours(name: str) -> str | None:

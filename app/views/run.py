@@ -132,7 +132,7 @@ def main() -> None:
             + "; ".join(f"{u['metric']} ({u['reason']})" for u in unavailable[:12])
         )
     with st.expander("Configuration (to reproduce the run)"):
-        command = reproduce_command(doc.to_json())
+        command = reproduce_command(doc)
         if command is not None:
             st.code(command, language="bash")
         st.json(dict(doc.config))

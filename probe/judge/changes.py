@@ -71,6 +71,20 @@ class Change:
         return {"knob": None if self.knob is None else self.knob.value, "value": value}
 
     @classmethod
+    def parse(cls, setting: str) -> Change:
+        """The change a `setting` text writes (the inverse of `setting`); a text no knob writes
+        is a change of no knob, as "no change" is."""
+        words = dict(part.split("=", 1) for part in setting.split()[1:] if "=" in part)
+        if setting.startswith("DALI decoder=") and "num_threads" in words:
+            return to_dali(words["decoder"], int(words["num_threads"]))
+        for knob, text in _TEXT.items():
+            head, _, tail = text.partition("{}")
+            if setting.startswith(head) and setting.endswith(tail) and len(setting) > len(head):
+                raw = setting[len(head) : len(setting) - len(tail)]
+                return cls(knob, _value(raw))
+        return cls(None, setting)
+
+    @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Change:
         knob = None if data["knob"] is None else Knob(data["knob"])
         value = data["value"]
@@ -90,6 +104,18 @@ def workers(count: int) -> Change:
 
 def to_dali(decoder: str, num_threads: int) -> Change:
     return Change(Knob.PIPELINE, DaliPipeline(decoder, num_threads))
+
+
+def _value(text: str) -> Value:
+    """A setting's value as written: a bool, a whole number, a number, else the text."""
+    if text in ("True", "False"):
+        return text == "True"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
 
 
 @dataclass(frozen=True)
@@ -128,7 +154,7 @@ class Recommendation:
         change = data.get("change")
         return cls(
             action=data["action"],
-            change=Change(None, data["setting"]) if change is None else Change.from_json(change),
+            change=Change.parse(data["setting"]) if change is None else Change.from_json(change),
             predicted_images_per_s=data["predicted_images_per_s"],
             basis=data["basis"],
             measured_images_per_s=data.get("measured_images_per_s"),

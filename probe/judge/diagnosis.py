@@ -89,6 +89,6 @@ def _session_sweep(store: Store, run: RunRecord) -> SweepAnalysis | None:
         return None
     try:
         session = read_session(store, run.session_id)
-    except InputError:
+    except (InputError, KeyError, TypeError, ValueError):  # absent, or written unlike this one
         return None
     return session.analysis() if session.knob == "num_workers" else None

@@ -66,8 +66,8 @@ def run_doctor(
     started: float | None = None,
 ) -> Session:
     """The whole diagnosis: your setting, the worker search, DALI, the epoch reading, the
-    verdict, the recommendations, the verification. Stores the session and returns its
-    document (`Session.to_json`).
+    verdict, the recommendations, the verification. Stores the session and returns it (its
+    document: `Session.to_json`).
 
     Args:
         base: the probe (consumer, lanes, pipeline options, reading) every run shares.

@@ -179,7 +179,7 @@ class Verification:
             predicted_images_per_s_error=data.get("predicted_images_per_s_error"),
             measured_images_per_s=data["measured_images_per_s"],
             measured_images_per_s_error=data.get("measured_images_per_s_error"),
-            agrees=data["agrees"],
+            agrees=bool(data.get("agrees", False)),  # older documents lack it
             host_busy=bool(data.get("host_busy", False)),
             run_id=data["run_id"],
         )
@@ -351,4 +351,4 @@ def _verified(verify: Mapping[str, Any], recommendations: tuple[Recommendation, 
     for item in recommendations:
         if item.setting == verify["setting"]:
             return item.change
-    return Change(None, verify["setting"])
+    return Change.parse(verify["setting"])

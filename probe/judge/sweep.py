@@ -26,7 +26,7 @@ def run_sweep(
     started: float | None = None,
 ) -> Session:
     """Measures the settings smallest first, on lanes kept warm, until throughput has clearly
-    fallen past its peak; stores the session and returns its document (`Session.to_json`).
+    fallen past its peak; stores the session and returns it (its document: `Session.to_json`).
 
     Raises:
         InputError: fewer than two settings, or a budget that cannot fit two points.

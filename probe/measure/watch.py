@@ -18,7 +18,8 @@ The data-wait ends when the loader hands the batch over, not when it is ready on
 copy still under way (`pin_memory` with `non_blocking`, DALI's GPU outputs) falls into the step,
 and the batches are recorded `synced=False`. Waiting for the device there would hold the loop
 until the previous step's queued kernels finish too, taking away the overlap of host and GPU
-that the training relies on. Without CUDA there is nothing to wait for: `synced=True`.
+that the training relies on. Where torch is loaded and sees no CUDA device there is nothing to
+wait for: `synced=True`; where it cannot be told (torch not loaded), `synced=False`.
 """
 
 from __future__ import annotations

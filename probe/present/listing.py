@@ -9,9 +9,10 @@ import socket
 from dataclasses import dataclass
 
 from probe.measure.samplers.host import pid_alive
-from probe.metrics import DATA_WAIT, IMAGES_PER_S, LaneFigures
+from probe.metrics import DATA_WAIT, IMAGES_PER_S
 from probe.records import RunRecord, RunStatus
 from probe.store.db import Store
+from probe.store.documents import lane_figures_of
 
 
 @dataclass(frozen=True)
@@ -32,12 +33,13 @@ class RunRow:
 
 
 def run_rows(store: Store, limit: int = 500) -> list[RunRow]:
-    """The newest runs with their headline figures (from the lanes' stored figures)."""
+    """The newest runs with their headline figures: the lanes' stored figures, or for a lane
+    that stored none (running, or killed), those of its events so far."""
     store.mark_abandoned_runs(socket.gethostname(), pid_alive)
     out = []
     for run in store.runs()[:limit]:
         lanes = store.lanes(run.run_id)
-        figures = [LaneFigures.from_json(lane.summary or {}) for lane in lanes]
+        figures = [lane_figures_of(store, run, lane) for lane in lanes]
         gpus = [lane.gpu_index for lane in lanes]
         devices = (
             f"cpu x{len(gpus)}"

@@ -212,14 +212,13 @@ class PipelineArgs:
             given["data_dir"] = Path(given["data_dir"])
         return cls(**given)
 
-    def spec(self, device: int | None, cores: int, on_gpu: bool | None = None) -> PipelineSpec:
+    def spec(self, device: int | None, cores: int) -> PipelineSpec:
         """The spec they describe (workers and threads default to `cores`, the batch size to
         one for a GPU or for the CPU), validated before any long work starts; the data folder
         is the sample data's until it is resolved."""
-        gpu = device is not None if on_gpu is None else on_gpu
         return PipelineSpec(
             data_dir=self.data_dir if self.data_dir is not None else default_sample_dir(),
-            batch_size=(GPU_BATCH_SIZE if gpu else CPU_BATCH_SIZE)
+            batch_size=(GPU_BATCH_SIZE if device is not None else CPU_BATCH_SIZE)
             if self.batch_size is None
             else self.batch_size,
             image_size=self.image_size,
@@ -302,8 +301,11 @@ def probe_config(
     else:
         plans = (rank_plan(rank, cuda_devices() if lanes.gpus != "none" else []),)
         lanes_here = rank.local_world_size
-    on_gpu = any(plan.device is not None for plan in plans)
-    spec = pipeline.spec(None, max(1, available_cpus() // lanes_here), on_gpu=on_gpu)
+    # the lanes' spec is checked as the first lane's: each lane then sets its own device
+    first = plans[0].device
+    spec = pipeline.spec(
+        None if first is None else first.index, max(1, available_cpus() // lanes_here)
+    )
     config = ProbeConfig(
         backend=Backend(backend),
         spec=spec,

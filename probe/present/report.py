@@ -228,9 +228,7 @@ def html_page(report: Report) -> str:
             )
         parts += [charts.html_div(chart) for chart in drawn]
     parts.append(_host_html(doc))
-    command = (
-        reproduce_command(doc.to_json()) or "# a watched training loop: run your training again"
-    )
+    command = reproduce_command(doc) or "# a watched training loop: run your training again"
     parts.append(
         "<h2>To reproduce it</h2>"
         f"<pre>{_h(command)}</pre>"
@@ -292,7 +290,7 @@ def _session_html(report: Report) -> str:
         ratio = dali.images_per_s / knee.images_per_s if knee.images_per_s else 0.0
         advice = f" {_h(dali.advice)}" if dali.advice else ""
         out.append(
-            f"<p>The best DataLoader setting ({knob}={knee.setting}) gave "
+            f"<p>The DataLoader at the knee ({knob}={knee.setting}) gave "
             f"{IMAGES_PER_S.text(knee.images_per_s)}; {_h(dali.change.setting)} gave "
             f"{IMAGES_PER_S.text(dali.images_per_s)} ({ratio:.2f}x).{advice}</p>"
         )

@@ -89,7 +89,7 @@ class Store:
     # writing
 
     def create_run(self, run: RunRecord, lanes: Sequence[LaneRecord]) -> None:
-        with self._transaction() as db:
+        with self.transaction() as db:
             db.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                        run_row(run))  # fmt: skip
             add_lanes(db, lanes)
@@ -101,14 +101,14 @@ class Store:
             raise ValueError(f"not lane columns to update: {sorted(fields.keys() - allowed)}")
         values = {k: _column_value(v) for k, v in fields.items()}
         assignments = ", ".join(f"{name} = ?" for name in values)
-        with self._transaction() as db:
+        with self.transaction() as db:
             db.execute(
                 f"UPDATE lanes SET {assignments} WHERE run_id = ? AND lane = ?",
                 (*values.values(), run_id, lane),
             )
 
     def finish_run(self, run_id: str, status: RunStatus, reason: str | None, ended_ns: int) -> None:
-        with self._transaction() as db:
+        with self.transaction() as db:
             db.execute(
                 "UPDATE runs SET status = ?, reason = ?, ended_ns = ? WHERE run_id = ?",
                 (status.value, reason, ended_ns, run_id),
@@ -116,7 +116,7 @@ class Store:
 
     def save_session(self, session: SessionRecord) -> None:
         """Writes a session (again: its document grows as its runs end)."""
-        with self._transaction() as db:
+        with self.transaction() as db:
             db.execute(
                 "INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (
@@ -126,7 +126,7 @@ class Store:
             )  # fmt: skip
 
     def save_launch(self, launch: LaunchRecord) -> None:
-        with self._transaction() as db:
+        with self.transaction() as db:
             db.execute(
                 "INSERT OR REPLACE INTO launches VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
@@ -155,7 +155,7 @@ class Store:
              int(e.synced))
             for e in events
         ]  # fmt: skip
-        with self._transaction() as db:
+        with self.transaction() as db:
             db.executemany(
                 "INSERT OR REPLACE INTO batches (run_id, lane, idx, t_ns, wait_s, step_s, size, "
                 "warmup, epoch, synced) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -167,7 +167,7 @@ class Store:
             (run_id, s.gpu_uuid, s.t_ns, *(getattr(s, c) for c in GPU_COLUMNS)) for s in samples
         ]
         marks = ", ".join("?" * (3 + len(GPU_COLUMNS)))
-        with self._transaction() as db:
+        with self.transaction() as db:
             db.executemany(f"INSERT OR REPLACE INTO gpu_samples VALUES ({marks})", rows)
 
     def add_host_samples(self, run_id: str, hostname: str, samples: Iterable[HostSample]) -> None:
@@ -179,7 +179,7 @@ class Store:
             )
             for s in samples
         ]  # fmt: skip
-        with self._transaction() as db:
+        with self.transaction() as db:
             db.executemany(
                 "INSERT OR REPLACE INTO host_samples VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows
             )
@@ -192,12 +192,12 @@ class Store:
             )
             for s in samples
         ]  # fmt: skip
-        with self._transaction() as db:
+        with self.transaction() as db:
             db.executemany("INSERT OR REPLACE INTO lane_cpu VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
 
     def add_unavailable(self, run_id: str, items: Iterable[Unavailable]) -> None:
         rows = [(run_id, u.source, u.device, u.metric, u.reason) for u in items]
-        with self._transaction() as db:
+        with self.transaction() as db:
             db.executemany("INSERT OR IGNORE INTO unavailable VALUES (?, ?, ?, ?, ?)", rows)
 
     def mark_abandoned_runs(self, hostname: str, is_alive: Any) -> list[str]:
@@ -213,7 +213,7 @@ class Store:
         ).fetchall()
         gone = [row["run_id"] for row in rows if row["pid"] is None or not is_alive(row["pid"])]
         reason = "the probe process ended without finishing the run (killed?)"
-        with self._transaction() as db:
+        with self.transaction() as db:
             for run_id in gone:
                 db.execute(
                     "UPDATE runs SET status = ?, reason = ? WHERE run_id = ?",
@@ -370,12 +370,6 @@ class Store:
         """The rows of one read (for the store's own modules: series, merge)."""
         return self._db.execute(sql, params).fetchall()
 
-    @contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
-        """One write: committed whole, or not at all."""
-        with self._transaction() as db:
-            yield db
-
     # internals
 
     def _find(self, table: str, key: str, wanted: str, what: str) -> sqlite3.Row:
@@ -397,7 +391,7 @@ class Store:
         raise InputError(f"{wanted!r} matches several {what}s ({names}): give more of the id")
 
     @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
+    def transaction(self) -> Iterator[sqlite3.Connection]:
         self._db.execute("BEGIN IMMEDIATE")
         try:
             yield self._db
