@@ -222,9 +222,7 @@ def _dali_point(
     session: WarmSession, base: ProbeConfig, threads: int, reason: str | None
 ) -> DaliRun:
     """DALI on the same lanes: the decoder asked for, else mixed on a GPU and cpu without."""
-    asked = base.spec.dali.decoder
-    on_gpu = base.lanes[0].device is not None
-    decoder = asked.value if asked is not None else "mixed" if on_gpu else "cpu"
+    decoder = base.lane_spec(base.lanes[0]).dali_decoder.value
     empty = DaliRun(decoder, threads)
     if reason is not None:
         return replace(empty, reason=reason)

@@ -107,9 +107,7 @@ def with_change(config: ProbeConfig, change: Change) -> ProbeConfig | None:
     if change.knob is Knob.PIPELINE and isinstance(change.value, DaliPipeline):
         config = with_setting(config, Knob.NUM_THREADS.value, change.value.num_threads)
         dali = config.spec.dali
-        on_gpu = config.lanes[0].device is not None
-        decoder = dali.decoder.value if dali.decoder else "mixed" if on_gpu else "cpu"
-        if decoder != change.value.decoder:
+        if config.lane_spec(config.lanes[0]).dali_decoder.value != change.value.decoder:
             dali = replace(dali, decoder=Decoder(change.value.decoder))
             config = replace(config, spec=replace(config.spec, dali=dali))
         return config
