@@ -6,10 +6,17 @@ NCHW images, normalized, and int64 labels, on the spec's device (a CUDA index, o
 
 from pipelines.dataset import Dataset, discover, read_order, shard, shard_bounds
 from pipelines.errors import BackendUnavailable, CorruptImageError, InputError
+from pipelines.host import (
+    CpuLimits,
+    Throttling,
+    available_cpus,
+    cpu_limits,
+    cpu_throttling,
+    shm_free_mib,
+)
 from pipelines.loader import (
     Batch,
     InputPipeline,
-    available_cpus,
     build_pipeline,
     check_backend,
     check_device,
@@ -30,6 +37,7 @@ __all__ = [
     "BackendUnavailable",
     "Batch",
     "CorruptImageError",
+    "CpuLimits",
     "DaliOptions",
     "DataLoaderOptions",
     "Dataset",
@@ -38,12 +46,16 @@ __all__ = [
     "InputPipeline",
     "OutputDtype",
     "PipelineSpec",
+    "Throttling",
     "available_cpus",
     "build_pipeline",
     "check_backend",
     "check_device",
+    "cpu_limits",
+    "cpu_throttling",
     "discover",
     "read_order",
     "shard",
     "shard_bounds",
+    "shm_free_mib",
 ]

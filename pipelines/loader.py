@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import abc
 import math
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from types import TracebackType
@@ -21,6 +20,11 @@ from pipelines.spec import Backend, PipelineSpec
 if TYPE_CHECKING:
     import torch
 
+# The stages a DataLoader pipeline times, in the order an image meets them: in the workers, then
+# in the training loop's thread (the step, and the training process's other threads, are timed
+# by whoever runs the loop).
+WORKER_STAGES = ("read", "decode", "crop_resize", "flip", "collate", "worker_rest")
+MAIN_STAGES = ("receive", "to_device", "normalize")
 NOTHING_TO_READ = "every image of the shard was skipped as corrupt: nothing to read"
 
 
@@ -68,6 +72,9 @@ class InputPipeline(abc.ABC):
         self.shard = shard(dataset, spec.shard_id, spec.num_shards)
         self.skipped_files: list[str] = []  # undecodable files skipped (spec.skip_corrupt)
         self.starts: list[ReadStart] = []  # each start of reading, as its first batch arrives
+        # The CPU nanoseconds of the batch just yielded, by stage (`STAGE_NAMES`); None where
+        # the backend does not time its stages.
+        self.last_stages: dict[str, int] | None = None
 
     @property
     def samples_per_epoch(self) -> int:
@@ -180,13 +187,6 @@ def cuda_device_count() -> int:
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-def available_cpus() -> int:
-    """CPU cores this process may run on (its affinity mask, not the machine's total)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 def use_device(device: int) -> None:

@@ -24,7 +24,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
 from pipelines.errors import InputError
-from pipelines.loader import available_cpus
+from pipelines.host import available_cpus
 
 GENERATOR_VERSION = 1
 JPEG_QUALITY = 90

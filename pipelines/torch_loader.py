@@ -9,6 +9,9 @@ Written as the baseline a careful engineer would write, so that a comparison wit
   than float32), stacked straight into shared memory, normalized on the device after the copy;
   on the CPU they hand over normalized float32, so that the main process has nothing left to do;
 - pinned memory and non-blocking copies on a GPU, persistent workers, seeded augmentation;
+- each stage's CPU time is timed where it runs (`WORKER_STAGES` in the workers, on their
+  thread's clock, with what else their process spent as `worker_rest`; `MAIN_STAGES` in the
+  training process, on the clock of the thread that runs the loop): `last_stages`;
 - `stream()` reads through one endless batch sampler: the shard's read order again and again,
   so that the workers never drain at an epoch's end (a `for` over the pipeline, one epoch,
   restarts the DataLoader's iterator, as a training loop's `for batch in loader` does).
@@ -19,6 +22,7 @@ No torchvision: the augmentation follows torchvision's RandomResizedCrop and Ran
 from __future__ import annotations
 
 import contextlib
+import io
 import math
 import multiprocessing
 import random
@@ -35,15 +39,25 @@ from torch.utils.data import DataLoader, default_collate, get_worker_info
 
 from pipelines.dataset import Dataset
 from pipelines.errors import CorruptImageError, InputError
-from pipelines.loader import NOTHING_TO_READ, Batch, InputPipeline, ReadStart, use_device
+from pipelines.loader import (
+    MAIN_STAGES,
+    NOTHING_TO_READ,
+    WORKER_STAGES,
+    Batch,
+    InputPipeline,
+    ReadStart,
+    use_device,
+)
 from pipelines.spec import Augmentation, Backend, OutputDtype, PipelineSpec
 
-# One sample as a worker returns it: CHW uint8 pixels (None if undecodable), label, error.
-_Sample = tuple[torch.Tensor | None, int, str | None]
-# One batch as the main process receives it: images, labels, and "path: reason" of failures.
-# Labels travel as plain ints: every tensor in a batch costs a file-descriptor handshake with
-# the worker (torch's default sharing), and a batch of labels is a few hundred bytes.
-_WorkerBatch = tuple[torch.Tensor, tuple[int, ...], tuple[str, ...]]
+# One sample as a worker returns it: CHW uint8 pixels (None if undecodable), label, error, and
+# the CPU nanoseconds of its read, decode, crop_resize and flip stages.
+_Sample = tuple[torch.Tensor | None, int, str | None, tuple[int, int, int, int]]
+# One batch as the main process receives it: images, labels, "path: reason" of failures, and
+# the CPU nanoseconds of each of WORKER_STAGES. Labels travel as plain ints: every tensor in a
+# batch costs a file-descriptor handshake with the worker (torch's default sharing), and a batch
+# of labels is a few hundred bytes.
+_WorkerBatch = tuple[torch.Tensor, tuple[int, ...], tuple[str, ...], tuple[int, ...]]
 
 
 class TorchPipeline(InputPipeline):
@@ -82,8 +96,15 @@ class TorchPipeline(InputPipeline):
         """The batches of one reading, which `iter()` started at `started_ns` and returned from
         at `iterated_ns`."""
         normalize_here = self.spec.output_dtype is OutputDtype.UINT8
+        in_process = self.spec.dataloader.num_workers == 0  # the workers' stages run here
         unread = 0  # samples skipped since the last one that decoded
-        for position, (host_images, host_labels, failures) in enumerate(batches):
+        clock = time.thread_time_ns  # this thread's: the training loop's own work
+        asked = clock()
+        for position, (host_images, host_labels, failures, worker) in enumerate(batches):
+            received = clock()
+            receive = received - asked
+            if in_process:  # next() ran the workers' stages here: they are counted apart
+                receive = max(0, receive - sum(worker))
             if position == 0:
                 self.starts.append(ReadStart(started_ns, init.ready_ns(started_ns, iterated_ns)))
             if failures:
@@ -100,7 +121,17 @@ class TorchPipeline(InputPipeline):
             labels = torch.tensor(host_labels, dtype=torch.int64).to(
                 self._device, non_blocking=True
             )
-            yield Batch(self._normalize(images) if normalize_here else images, labels)
+            copied = clock()
+            if normalize_here:
+                images = self._normalize(images)
+            normalized = clock()
+            self.last_stages = {
+                **dict(zip(WORKER_STAGES, worker, strict=True)),
+                **dict(zip(MAIN_STAGES, (receive, copied - received, normalized - copied),
+                           strict=True)),
+            }  # fmt: skip
+            yield Batch(images, labels)
+            asked = clock()
 
     def _loader(self, kind: str) -> tuple[DataLoader[Any], _WorkerInit]:
         """The DataLoader for epochs (`epoch`) or for the endless stream (`stream`)."""
@@ -190,22 +221,51 @@ class ShardDataset(torch.utils.data.Dataset[_Sample]):
 
     def __getitem__(self, index: int) -> _Sample:
         path, label = self.files[index], self.labels[index]
+        times = StageTimes()
         try:
-            pixels = load_augmented(path, self.image_size, self.augmentation, self.rng)
+            pixels = load_augmented(path, self.image_size, self.augmentation, self.rng, times)
         except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:
-            return None, label, f"{path}\t{type(error).__name__}: {error}"
-        return pixels, label, None
+            return None, label, f"{path}\t{type(error).__name__}: {error}", times.spent()
+        return pixels, label, None, times.spent()
+
+
+class StageTimes:
+    """The CPU time of one sample's stages, on the thread's clock: `mark(stage)` ends a stage
+    begun at the previous mark (or at the start)."""
+
+    def __init__(self) -> None:
+        self.ns = {"read": 0, "decode": 0, "crop_resize": 0, "flip": 0}
+        self._last = time.thread_time_ns()
+
+    def mark(self, stage: str) -> None:
+        now = time.thread_time_ns()
+        self.ns[stage] += now - self._last
+        self._last = now
+
+    def spent(self) -> tuple[int, int, int, int]:
+        return self.ns["read"], self.ns["decode"], self.ns["crop_resize"], self.ns["flip"]
 
 
 def load_augmented(
-    path: str, size: int, augmentation: Augmentation, rng: random.Random
+    path: str,
+    size: int,
+    augmentation: Augmentation,
+    rng: random.Random,
+    times: StageTimes | None = None,
 ) -> torch.Tensor:
     """Decodes one image and applies random resized crop and horizontal flip.
+
+    Args:
+        times: where to add each stage's CPU time (read, decode, crop_resize, flip).
 
     Returns:
         3 x size x size uint8 RGB pixels, contiguous.
     """
-    with Image.open(path) as image:
+    times = times or StageTimes()
+    with open(path, "rb") as file:
+        data = file.read()
+    times.mark("read")
+    with Image.open(io.BytesIO(data)) as image:
         full_width, full_height = image.size
         left, top, width, height = random_resized_crop(full_width, full_height, augmentation, rng)
         # Decoding at 1/2, 1/4 or 1/8 scale is much cheaper and loses nothing the resize keeps.
@@ -222,6 +282,8 @@ def load_augmented(
             max(round((left + width) * scale_x), round(left * scale_x) + 1),
             max(round((top + height) * scale_y), round(top * scale_y) + 1),
         )
+        image.load()  # decodes (at the draft's scale)
+        times.mark("decode")
         crop = image.crop(box)
     if crop.mode != "RGB":
         crop = crop.convert("RGB")
@@ -229,8 +291,10 @@ def load_augmented(
     # transforms use) is twice as fast as Pillow's, and its pixels differ by a grey level or two.
     pixels = _pixels(crop).permute(2, 0, 1).unsqueeze(0)
     resized = functional.interpolate(pixels, size=(size, size), mode="bilinear", antialias=True)[0]
+    times.mark("crop_resize")
     if rng.random() < augmentation.flip_probability:
         resized = resized.flip(-1)
+    times.mark("flip")
     return resized
 
 
@@ -273,7 +337,10 @@ def random_resized_crop(
 
 
 class _Collate:
-    """Stacks a worker's samples into one batch (in shared memory when in a worker)."""
+    """Stacks a worker's samples into one batch (in shared memory when in a worker), and adds up
+    its stages' CPU time: the samples', its own (collate), and in a worker what else the
+    worker's process spent since its last batch (worker_rest: handing the last batch over,
+    its loop, threads a dataset started)."""
 
     def __init__(self, spec: PipelineSpec) -> None:
         self.image_size = spec.image_size
@@ -281,16 +348,28 @@ class _Collate:
         self.normalize = Normalizer(spec.augmentation, torch.device("cpu"))
 
     def __call__(self, samples: list[_Sample]) -> _WorkerBatch:
-        pixels = [image for image, _, error in samples if image is not None and error is None]
-        labels = tuple(label for image, label, _ in samples if image is not None)
-        failures = tuple(error for _, _, error in samples if error is not None)
+        collating = time.thread_time_ns()
+        pixels = [image for image, _, error, _ in samples if image is not None and error is None]
+        labels = tuple(label for image, label, _, _ in samples if image is not None)
+        failures = tuple(error for _, _, error, _ in samples if error is not None)
         if pixels:
             images = default_collate(pixels)
         else:
             images = torch.empty((0, 3, self.image_size, self.image_size), dtype=torch.uint8)
         if self.float_output:
             images = self.normalize(images)
-        return images, labels, failures
+        stages = [sum(sample[3][i] for sample in samples) for i in range(4)]
+        collate = time.thread_time_ns() - collating
+        rest = 0
+        if get_worker_info() is not None:
+            now = time.process_time_ns()
+            rest = max(0, now - _WORKER_CLOCK[0] - sum(stages) - collate)
+            _WORKER_CLOCK[0] = now
+        return images, labels, failures, (*stages, collate, rest)
+
+
+# A worker's process CPU time when its last batch was collated (when it started, at first).
+_WORKER_CLOCK = [0]
 
 
 @contextlib.contextmanager
@@ -326,6 +405,7 @@ class _WorkerInit:
         if info is not None and isinstance(info.dataset, ShardDataset):
             # the loader draws each worker's seed from its generator, seeded with spec.seed
             info.dataset.rng = random.Random(info.seed)
+        _WORKER_CLOCK[0] = time.process_time_ns()  # its start is not its batches' cost
         self._ready[worker_id] = time.monotonic_ns()
 
     def ready_ns(self, started_ns: int, iterated_ns: int) -> int:

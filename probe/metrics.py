@@ -126,6 +126,14 @@ LATENCY = Metric("batch_latency_ms", "batch latency", "ms", Source.BATCHES, 1, a
 # The CPU of a lane's processes (its loader's workers or threads included), in % of one core.
 CPU = Metric("cpu_pct", "CPU cores", "cores", Source.PSUTIL, 1, scale=0.01, across=Across.SUM)
 MAIN_THREAD_CPU = Metric("main_thread_cpu_pct", "training loop thread", "%", Source.PSUTIL)
+# The median step, the consumer's time per batch once it has it (the worst lane's: DDP's pace).
+STEP = Metric("step_ms_p50", "step (median)", "ms", Source.BATCHES, 1, across=Across.WORST)
+# The lane's processes' CPU time per image: CPU cores over images/s.
+CPU_PER_IMAGE = Metric("cpu_ms_per_image", "CPU per image", "ms", Source.PSUTIL, 2)
+# The stages' CPU time per image (`STAGES`), timed where each runs.
+STAGE_TIME = Metric("stages_ms", "CPU per image", "ms", Source.BATCHES, 2)
+PSS = Metric("pss_mib", "memory (PSS)", "MiB", Source.PSUTIL, across=Across.SUM)
+WORKER_THREADS = Metric("worker_threads", "threads per worker", "", Source.PSUTIL)
 
 # GPU samples, in the store's column order.
 KERNEL_ACTIVE = Metric(
@@ -147,6 +155,38 @@ GPU_METRICS = (
     CLOCKS,
 )  # fmt: skip
 GPU_COLUMNS = tuple(m.name for m in GPU_METRICS)
+
+
+class Side(str, Enum):
+    """Where a stage runs."""
+
+    WORKERS = "workers"  # the DataLoader's worker processes
+    MAIN = "main"  # the training process
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of a DataLoader pipeline, whose CPU time per image a lane records."""
+
+    name: str  # its key in `LaneFigures.stages_ms`
+    label: str
+    side: Side
+
+
+STAGES = (
+    Stage("read", "reading the file", Side.WORKERS),
+    Stage("decode", "decoding", Side.WORKERS),
+    Stage("crop_resize", "crop and resize", Side.WORKERS),
+    Stage("flip", "flip", Side.WORKERS),
+    Stage("collate", "collation", Side.WORKERS),
+    Stage("worker_rest", "the workers' hand-over and loop", Side.WORKERS),
+    Stage("receive", "receiving batches (unpickling)", Side.MAIN),
+    Stage("to_device", "the copy to the device", Side.MAIN),
+    Stage("normalize", "normalizing", Side.MAIN),
+    Stage("step", "the training step and loop", Side.MAIN),
+    Stage("main_threads", "the training process's other threads", Side.MAIN),
+)
+STAGE_BY_NAME = {stage.name: stage for stage in STAGES}
 
 
 def busy_metric(source: str | None) -> Metric | None:
@@ -171,6 +211,20 @@ def percentiles(values: Sequence[float]) -> Percentiles:
         return Percentiles(values[0], values[0], values[0])
     cuts = statistics.quantiles(values, n=100, method="inclusive")
     return Percentiles(statistics.median(values), cuts[94], cuts[98])
+
+
+def median_error(values: Sequence[float]) -> float | None:
+    """The 95% interval of the median, half-width (the wider side), from the order statistics
+    (distribution-free: ranks n/2 -+ 1.96 sqrt(n)/2); None under 10 values."""
+    n = len(values)
+    if n < 10:
+        return None
+    ordered = sorted(values)
+    median = statistics.median(ordered)
+    reach = 1.96 * math.sqrt(n) / 2
+    low = ordered[max(0, math.floor(n / 2 - reach) - 1)]
+    high = ordered[min(n - 1, math.ceil(n / 2 + reach) - 1)]
+    return max(median - low, high - median)
 
 
 def errors_added(errors: Iterable[float | None]) -> float | None:
@@ -237,6 +291,33 @@ class LaneFigures:
     build_s: float | None = None  # the pipeline's build
     startup_s: float | None = None  # the lane process's start, consumer included
     consumer_alone: Mapping[str, Any] | None = None  # the consumer on batches on the device
+    step_ms_p50_error: float | None = None  # 95% interval of the median step, half-width
+    # CPU ms per image by stage (`STAGES`' names), over the measured batches (None: not timed,
+    # as for DALI, whose stages run inside its threads, or a watched loop's workers).
+    stages_ms: Mapping[str, float] | None = None
+    pss_mib: float | None = None  # the lane's processes' largest PSS while it measured
+    worker_threads: int | None = None  # the most threads one DataLoader worker ran
+    # The lane's cgroup CPU throttling while it measured (None: no cgroup counters to read).
+    cfs_periods: int | None = None
+    throttled_periods: int | None = None
+    throttled_s: float | None = None
+
+    @property
+    def cpu_ms_per_image(self) -> float | None:
+        """The lane's processes' CPU time per image (`CPU_PER_IMAGE`)."""
+        if self.cpu_pct is None or not self.images_per_s:
+            return None
+        return self.cpu_pct / 100 / self.images_per_s * 1e3
+
+    def stage_ms(self, side: Side | None = None, training: bool = True) -> float | None:
+        """The stages' CPU ms per image, of one side or of all; without the training step's
+        own (`training=False`: the pipeline's alone)."""
+        if not self.stages_ms:
+            return None
+        names = {s.name for s in STAGES if side is None or s.side is side}
+        if not training:
+            names -= {"step", "main_threads"}
+        return sum(v for k, v in self.stages_ms.items() if k in names)
 
     @property
     def busy(self) -> Metric | None:
@@ -247,6 +328,8 @@ class LaneFigures:
         out = asdict(self)
         if self.consumer_alone is not None:
             out["consumer_alone"] = dict(self.consumer_alone)
+        if self.stages_ms is not None:
+            out["stages_ms"] = dict(self.stages_ms)
         return out
 
     @classmethod
@@ -339,6 +422,7 @@ def lane_figures(
         batch_latency_ms=percentiles([batch_seconds(e) * 1e3 for e in measured]),
         wait_ms_p50=statistics.median(e.wait_s * 1e3 for e in measured),
         step_ms_p50=statistics.median(e.step_s * 1e3 for e in measured),
+        step_ms_p50_error=median_error([e.step_s * 1e3 for e in measured]),
         sm_active_pct=sm_active if sm_active is not None else kernel_active,
         sm_active_source=source,
         kernel_active_pct=kernel_active,
@@ -349,6 +433,10 @@ def lane_figures(
         ),
         cpu_pct=_mean(s.cpu_pct for s in cpu),
         main_thread_cpu_pct=_mean(s.main_thread_cpu_pct for s in cpu),
+        pss_mib=max((s.pss_mib for s in cpu if s.pss_mib is not None), default=None),
+        worker_threads=max(
+            (s.worker_threads for s in cpu if s.worker_threads is not None), default=None
+        ),
     )
 
 

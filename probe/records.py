@@ -57,6 +57,12 @@ class LaneCpuSample:
     main_thread_cpu_pct: float  # the Python thread that runs the loop
     processes: int
     threads: int
+    # Read once a second with the process trees (None where not read): the proportional set
+    # size of the lane's processes (shared pages split among their sharers, not RSS, which
+    # counts them once per worker), and the most busy threads (10% of a core or more) any one
+    # DataLoader worker runs.
+    pss_mib: float | None = None
+    worker_threads: int | None = None
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,11 @@ from streamlit.testing.v1 import AppTest
 
 from pipelines.sample_data import SampleParams, make_sample_dataset
 from probe.metrics import DATA_WAIT, IMAGES_PER_S
+from probe.present.charts import SLOWEST_TITLE, slowest_line
 from probe.present.listing import running_runs
 from probe.records import RunStatus
 from probe.store.db import Store
+from probe.store.series import run_series, slowest_lanes
 
 APP = str(Path(__file__).resolve().parents[1] / "app" / "streamlit_app.py")
 
@@ -207,16 +209,29 @@ def test_the_run_page_shows_lanes_on_one_time_axis_and_the_diagnosis(
     assert any(text.startswith(two["diagnosis"]["verdict"]["title"]) for text in shown)
     evidence = texts(at.markdown)
     assert any(text.startswith("- data-wait") for text in evidence)
-    # lanes on one time axis; throughput; latency histogram; CPU heat strip (no GPU here)
+    # where each image's CPU time goes, where the lanes timed their stages; lanes on one time
+    # axis; throughput; latency histogram; CPU heat strip (no GPU here)
     figures = charts(at)
-    assert len(figures) == 4
+    staged = any(lane.get("stages_ms") for lane in two["lanes"])
+    assert len(figures) == 4 + staged
+    if staged:
+        assert figures.pop(0)["layout"]["title"]["text"] == "Where each image's CPU time goes"
     lanes_figure = figures[0]
     titles = [a["text"] for a in lanes_figure["layout"]["annotations"]]
-    assert titles == ["lane 0: cpu, shard 0/2", "lane 1: cpu, shard 1/2"]
+    assert titles[:2] == ["lane 0: cpu, shard 0/2", "lane 1: cpu, shard 1/2"]
     waits = [t for t in lanes_figure["data"] if t.get("name") == "data-wait %"]
     assert len(waits) == 2
     assert all(len(values(t["x"])) > 0 for t in waits)
-    assert lanes_figure["layout"]["xaxis"]["matches"] == "x2"  # one time axis
+    # one time axis, the slowest-lane strip's (if a lane waited more than the other) included
+    rows = len(titles)
+    assert lanes_figure["layout"]["xaxis"]["matches"] == f"x{rows}"
+    with Store(filled["db"]) as store:
+        series = run_series(store, two["run_id"])
+    assert series is not None
+    slowest = slowest_lanes(series)  # the lanes measured in the same second at least
+    assert slowest is not None
+    assert titles[2] == SLOWEST_TITLE
+    assert slowest_line(slowest) in texts(at.caption)
     assert figures[3]["data"][0]["type"] == "heatmap"
     labels = [button.proto.label for button in at.get("download_button")]
     assert labels == ["HTML report", "Markdown summary", "JSON (everything)"]

@@ -1,4 +1,8 @@
-"""Run: one run, its lanes on one time axis, its diagnosis, config and host, exports."""
+"""Run: one run, its lanes on one time axis, its diagnosis, config and host, exports.
+
+Under the lanes table, where each image's CPU time goes (where the lanes timed their stages);
+under the lanes' timelines of a run of several, which lane waited most for data, and how often.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from probe.present import charts as figures
 from probe.present.options import reproduce_command
 from probe.present.tables import headline, lane_grid, recommendation_grid, run_notes
 from probe.store.documents import RunDocument
+from probe.store.series import slowest_lanes
 
 
 def pick_run(rows: list[dict[str, Any]]) -> str | None:
@@ -65,6 +70,10 @@ def header(doc: RunDocument) -> None:
     notes = run_notes(doc)
     if notes:
         st.caption("  \n".join(notes))
+    stages = figures.stage_bars(doc.lanes)
+    if stages is not None:
+        st.plotly_chart(stages, width="stretch", key="run-stages")
+        st.caption(figures.stage_line(doc.lanes) or "")
 
 
 def diagnosis(diag: RunDiagnosis, session: Session | None) -> None:
@@ -123,8 +132,11 @@ def main() -> None:
                 f"Downsampled to {series.bucket_s:.1f} s intervals: shaded bands run from each "
                 "interval's lowest to its highest sample, so peaks and dips stay visible."
             )
+        slowest = slowest_lanes(series)
         for index, figure in enumerate(figures.run_figures(series, view["histogram"])):
             st.plotly_chart(figure, width="stretch", key=f"run-figure-{index}")
+            if index == 0 and slowest is not None:  # the lanes' timelines come first
+                st.caption(figures.slowest_line(slowest))
     unavailable = doc.unavailable_metrics
     if unavailable:
         st.caption(

@@ -1,11 +1,13 @@
 """The doctor: the whole diagnosis in one session on lanes kept warm.
 
-It measures your setting first, then searches the DataLoader's workers from it (up while more
-help, down while fewer do as well), reads your setting epoch by epoch where a shard is short
-enough for epoch starts to matter, runs DALI, diagnoses your setting, ranks the changes by the
-throughput they were measured to give, and verifies the first one by running it again. Every
-decision uses the points' errors: past the peak, the knee, whether DALI is worth it, whether a
-verification agrees.
+It measures your setting first, and predicts from that run the DataLoader's images/s against
+num_workers (`probe.judge.model`); it measures the knee the curve predicts and one setting beside
+it. Where a term of the curve was not measured, it searches the workers from your setting
+instead (up while more help, down while fewer do as well). It reads your setting epoch by
+epoch where a shard is short enough for epoch starts to matter, runs DALI, diagnoses your
+setting, ranks the changes by the throughput they were measured to give, and verifies the
+first one by running it again. Every decision uses the points' errors: past the peak, the knee,
+whether DALI is worth it, whether a verification agrees.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from probe.judge.epochs import epoch_fixes
 from probe.judge.evidence import Evidence, measured
 from probe.judge.facts import run_facts
 from probe.judge.knee import SweepAnalysis, SweepPoint, analyze_sweep, past_the_peak
+from probe.judge.model import Curve, run_curve
 from probe.judge.recommend import dali_advice, dali_worth_it, recommend_measured
 from probe.judge.results import DaliRun, EpochsRun, Session, SessionKind, Verification
 from probe.judge.session import (
@@ -51,6 +54,8 @@ from probe.store.documents import read_run
 EPOCHS_WORTH_MEASURING = EPOCH_START_SHARE / 2
 EPOCHS_POINTS = 3  # reading whole epochs, each opening on its stall, costs about three points
 REFINE_KNEE = 2  # halvings of the gap below the knee the doctor may measure
+PREDICTED_POINTS = 3  # DataLoader settings measured around a predicted knee, yours included
+NEIGHBOUR_STEP = 0.25  # the setting beside the predicted knee: a quarter of it away
 
 
 def run_doctor(
@@ -108,7 +113,12 @@ def run_doctor(
             )
             session.save(unanswered)
             return unanswered
-        _search(points, grid, baseline, reserve)
+        assert baseline.run_id is not None
+        curve = run_curve(store, baseline.run_id)
+        if curve is None:  # a term was not measured: the ladder, measured
+            _search(points, grid, baseline, reserve)
+        else:
+            _search_predicted(points, curve, baseline, reserve)
         analysis = analyze_sweep(list(points.measured.values()), "num_workers")
         # DataLoader points before DALI's: its workers then fork from a process DALI's threads
         # have not run in yet (all but a verification of num_workers)
@@ -118,7 +128,7 @@ def run_doctor(
         if verdict.reliable:
             dali = replace(dali, advice=dali_advice(analysis, dali, verdict))
             trade = dali_trade(store, analysis.best, dali) if dali_worth_it(analysis, dali) else []
-            recommendations = recommend_measured(analysis, baseline, verdict, dali, trade)
+            recommendations = recommend_measured(analysis, baseline, verdict, dali, trade, curve)
             recommendations += _epoch_recommendations(store, epochs, baseline)
         else:
             recommendations = recommend_measured(analysis, baseline, verdict)
@@ -152,6 +162,7 @@ def run_doctor(
         dali=dali,
         epochs=epochs,
         verify=verify,
+        curve=curve,
     )
     session.save(result)
     return result
@@ -216,6 +227,29 @@ def _search(points: Points, grid: list[int], baseline: SweepPoint, reserve: int)
         middle = (knee + max(short)) // 2 if short else knee
         if middle in points.tried() or points.measure(middle, reserve) is None:
             break
+
+
+def _search_predicted(points: Points, curve: Curve, baseline: SweepPoint, reserve: int) -> None:
+    """Around the knee the curve predicts from your setting's run: the knee, then one setting
+    on the side the measurements leave open (fewer, where the knee measured as fast as the best
+    so far; more, where it fell short). At most PREDICTED_POINTS settings with yours."""
+    settings = curve.settings()
+    # the knee is measured within KNEE_WITHIN of the best: aimed at half that, the model's
+    # error leaves the setting measured inside it
+    knee = curve.knee(settings, KNEE_WITHIN / 2)
+    if knee not in points.tried():
+        points.measure(knee, reserve)
+    if len(points.measured) >= PREDICTED_POINTS or knee not in points.measured:
+        return
+    best = points.best()
+    step = max(1, round(knee * NEIGHBOUR_STEP))
+    enough = at_least(points.measured[knee].estimate, 1 - KNEE_WITHIN, best.estimate)
+    neighbour = knee - step if enough else knee + step
+    if neighbour < 0 or neighbour in points.tried():
+        return
+    if enough and neighbour < baseline.setting < knee:
+        return  # yours, below the knee, was measured already
+    points.measure(neighbour, reserve)
 
 
 def _dali_point(

@@ -10,6 +10,8 @@ from typing import Any
 from probe.judge.facts import LaneFacts
 from probe.judge.thresholds import (
     STEAL_MOVES_PCT,
+    STEP_CPU_SHARE,
+    STEP_SLOWED,
     STEP_STALL,
     WAIT_HIGH,
     WAIT_MODERATE,
@@ -23,7 +25,10 @@ from probe.metrics import (
     KERNEL_ACTIVE,
     MAIN_THREAD_CPU,
     NVJPG,
+    PSS,
     SM_ACTIVE,
+    STAGE_BY_NAME,
+    STEP,
     Metric,
     Source,
 )
@@ -90,8 +95,9 @@ def cpu_evidence(facts: LaneFacts) -> list[Evidence]:
     out = []
     busy = facts.host.cpu_pct
     if busy is not None:
-        cores = busy / 100 * facts.host_cpus
-        text = f"host CPU {busy:.0f}% busy ({cores:.1f} of {facts.host_cpus} cores)"
+        machine = facts.host.machine_cores or facts.host_cpus
+        cores = busy / 100 * machine
+        text = f"host CPU {busy:.0f}% busy ({cores:.1f} of the machine's {machine} cores)"
         out.append(Evidence("host_cpu_pct", busy, text))
     cpu = facts.figures.cpu_pct
     if cpu is not None:
@@ -104,7 +110,7 @@ def cpu_evidence(facts: LaneFacts) -> list[Evidence]:
     if main is not None:
         text = f"{MAIN_THREAD_CPU.label} {MAIN_THREAD_CPU.text(main)} busy"
         out.append(Evidence(MAIN_THREAD_CPU.name, main, text))
-    return out
+    return [*out, *cores_evidence(facts)]
 
 
 def step_evidence(facts: LaneFacts) -> list[Evidence]:
@@ -193,3 +199,137 @@ def transfer_evidence(facts: LaneFacts) -> list[Evidence]:
         text = "workers hand over float32: 4x the bytes of uint8"
         out.append(Evidence("output_dtype", 4.0, text))
     return out
+
+
+def stage_evidence(facts: LaneFacts) -> list[Evidence]:
+    """The pipeline's biggest stage, by CPU time per image (the training step left out: it is
+    the consumer's), and what the stages add up to against the lane's measured CPU."""
+    training = ("step", "main_threads")  # the consumer's, not the pipeline's
+    stages = {k: v for k, v in (facts.figures.stages_ms or {}).items() if k not in training}
+    total = sum(stages.values())
+    if not stages or total <= 0:
+        return []
+    name, ms = max(stages.items(), key=lambda item: item[1])
+    label = STAGE_BY_NAME[name].label if name in STAGE_BY_NAME else name
+    text = f"{label} takes {ms / total:.0%} of each image's CPU time ({ms:.2f} ms of {total:.2f} ms"
+    everything = facts.figures.stage_ms()
+    measured_cpu = facts.figures.cpu_ms_per_image
+    if everything is not None and measured_cpu:
+        text += (
+            f"; with the training process's {everything - total:.2f} ms, the stages add up to "
+            f"{everything:.2f} ms of the {measured_cpu:.2f} ms the lane's processes used"
+        )
+    text += ")"
+    if name == "decode" and facts.on_gpu:
+        text += ": DALI's mixed decoder moves exactly that to the GPU"
+    return [Evidence(f"stage_{name}_ms", ms, text)]
+
+
+def cores_evidence(facts: LaneFacts) -> list[Evidence]:
+    """What the host allows the run (the cgroup quota and affinity, not the machine's core
+    count), what of it could not be read, and the cgroup's throttling while it measured."""
+    limits, figures = facts.cpu_limits, facts.figures
+    out = []
+    if limits is not None:
+        out.append(Evidence("cores_available", limits.cores, f"the host allows {limits.text}"))
+        out += [Evidence("cores_available", None, why) for why in limits.unknown]
+    if figures.throttled_periods and figures.cfs_periods:
+        text = (
+            f"the cgroup throttled the lane's CPU in {figures.throttled_periods:,} of "
+            f"{figures.cfs_periods:,} periods ({figures.throttled_s or 0:.1f} s) while it measured"
+        )
+        out.append(Evidence("throttled_periods", float(figures.throttled_periods), text))
+    return out
+
+
+def threads_evidence(facts: LaneFacts) -> list[Evidence]:
+    """The busy threads the loader runs against the cores the lane may use."""
+    threads = facts.figures.worker_threads
+    if facts.backend != "torch" or not facts.num_workers:
+        return []
+    per_worker = max(1, threads or 1)
+    busy = facts.num_workers * per_worker
+    each = f" x {per_worker} busy threads each" if per_worker > 1 else ""
+    text = (
+        f"num_workers={facts.num_workers}{each}: {busy} busy threads for "
+        f"{facts.cores_per_lane_text}"
+    )
+    return [Evidence("busy_threads", float(busy), text)]
+
+
+def memory_evidence(facts: LaneFacts) -> list[Evidence]:
+    """The lane's memory (PSS), and /dev/shm against what the workers' prefetch holds."""
+    out = []
+    if facts.figures.pss_mib is not None:
+        text = (
+            f"the lane's processes held {PSS.text(facts.figures.pss_mib)} at most "
+            "(shared pages split among the processes sharing them)"
+        )
+        out.append(Evidence(PSS.name, facts.figures.pss_mib, text))
+    need = shm_needed_mib(facts)
+    if need is not None and facts.shm_free_mib is not None:
+        text = (
+            f"/dev/shm: the workers' prefetch needs {need:,.0f} MiB "
+            f"({facts.num_workers} workers x prefetch {facts.prefetch_factor} x "
+            f"{facts.batch_mib:,.1f} MiB a batch); {facts.shm_free_mib:,.0f} MiB free"
+        )
+        out.append(Evidence("shm_needed_mib", need, text))
+    return out
+
+
+def shm_needed_mib(facts: LaneFacts) -> float | None:
+    """The shared memory the workers' batches in flight take: workers x prefetch x batch."""
+    if not facts.num_workers or facts.batch_mib is None or facts.prefetch_factor is None:
+        return None
+    return facts.num_workers * facts.prefetch_factor * facts.batch_mib
+
+
+def step_works_on_cpu(facts: LaneFacts) -> bool:
+    """Whether the step asks for CPU: its CPU time (the training process's, beyond receiving
+    batches: the `step` and `main_threads` stages) is STEP_CPU_SHARE of its
+    time or more. Where the stage was not timed, whether it is more than a sleep on the CPU."""
+    stages = facts.figures.stages_ms or {}
+    step = facts.figures.step_ms_p50
+    if "step" in stages and step:
+        work = stages["step"] + stages.get("main_threads", 0.0)  # its own threads' too
+        return work * facts.batch_size >= STEP_CPU_SHARE * step
+    return facts.on_gpu or not facts.consumer.startswith("sleep")
+
+
+def step_slowdown(facts: LaneFacts) -> float | None:
+    """How much slower the median step was under the loader's load than the consumer alone
+    (0.3: 30% slower), where that is more than both medians' errors and STEP_SLOWED, and the
+    step asks for CPU (a step that does not, a sleep, wakes later on a busy host, but the
+    loader does not take its work's CPU); else None."""
+    if not step_works_on_cpu(facts):
+        return None
+    alone = facts.figures.consumer_alone or {}
+    alone_ms, loaded_ms = alone.get("step_ms_p50"), facts.figures.step_ms_p50
+    if not alone_ms or not loaded_ms:
+        return None
+    errors = [alone.get("step_ms_p50_error"), facts.figures.step_ms_p50_error]
+    if any(e is None for e in errors):
+        return None
+    slower = loaded_ms - alone_ms
+    if slower <= sum(float(e) for e in errors if e is not None) or slower < STEP_SLOWED * alone_ms:
+        return None
+    return float(slower / alone_ms)
+
+
+def slowdown_evidence(facts: LaneFacts) -> list[Evidence]:
+    """The step under the loader's load against the consumer alone, and the host's CPU."""
+    slowed = step_slowdown(facts)
+    if slowed is None:
+        return []
+    alone = facts.figures.consumer_alone or {}
+    figures = facts.figures
+    host = (
+        "" if facts.host.cpu_pct is None else f"; the host's CPU was {facts.host.cpu_pct:.0f}% busy"
+    )
+    text = (
+        f"the step took {STEP.text(figures.step_ms_p50, figures.step_ms_p50_error)} under the "
+        f"loader's load against {STEP.text(alone['step_ms_p50'], alone.get('step_ms_p50_error'))} "
+        f"alone: {slowed:.0%} slower, so training runs at {1 / (1 + slowed):.0%} of the "
+        f"consumer's speed{host} ({facts.loaders_text} using {CPU.text(figures.cpu_pct)})"
+    )
+    return [Evidence("step_slowdown", slowed, text)]

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipelines import CpuLimits
 from probe.judge.changes import Change, to_dali, workers
 from probe.judge.thresholds import (
     CPU_SATURATED_PCT,
@@ -55,6 +56,19 @@ class LaneFacts:
     decoder: str | None = None
     host: HostLoad = field(default_factory=HostLoad)
     step_ms_mean: float | None = None  # the measured batches' mean step
+    cpu_limits: CpuLimits | None = None  # what the host allows (None: not recorded)
+    shm_free_mib: float | None = None  # /dev/shm free when the run started
+    prefetch_factor: int | None = None  # DataLoader
+    image_size: int | None = None
+    reason: str | None = None  # why the lane failed or stopped
+
+    @property
+    def batch_mib(self) -> float | None:
+        """A batch's pixels as workers hand them over, in MiB."""
+        if not self.image_size or self.backend != "torch":
+            return None
+        item = 1 if self.output_dtype == "uint8" else 4
+        return self.batch_size * 3 * self.image_size**2 * item / 2**20
 
     @property
     def cores_per_lane(self) -> float:
@@ -168,6 +182,13 @@ def lane_facts(store: Store, run: RunRecord, lane: LaneRecord) -> LaneFacts:
         decoder=None if torch_lane else _dali_decoder(dali, lane),
         host=host,
         step_ms_mean=stats["step_mean_s"] * 1e3 if stats["n"] else None,
+        cpu_limits=CpuLimits.from_json(machine["cpu_limits"])
+        if machine.get("cpu_limits")
+        else None,
+        shm_free_mib=machine.get("shm_free_mib"),
+        prefetch_factor=loader.get("prefetch_factor") if torch_lane else None,
+        image_size=spec.get("image_size"),
+        reason=lane.reason,
     )
 
 

@@ -21,6 +21,7 @@ from probe.judge.changes import (
 from probe.judge.epochs import epoch_fixes
 from probe.judge.facts import LaneFacts
 from probe.judge.knee import SweepAnalysis, SweepPoint
+from probe.judge.model import Curve, curve_of
 from probe.judge.results import DaliRun
 from probe.judge.thresholds import DALI_WORTH_IT, KNEE_WITHIN
 from probe.judge.verdicts import STARVED, Verdict, VerdictKind, rank
@@ -53,9 +54,11 @@ def recommend(
         if sweep is not None and sweep.knob == Knob.NUM_WORKERS.value:
             out += _measured_workers(lane, sweep, len(facts))
         else:
-            out.append(_estimated_workers(lane))
+            out.append(_predicted_workers(lane, len(facts)) or _estimated_workers(lane))
     if verdict.kind is VerdictKind.DALI_THREADS_SATURATED:
         out += _more_threads(lane)
+    if verdict.kind is VerdictKind.NOISY_NEIGHBOUR:
+        out += _free_the_step(lane, len(facts))
     if any(v.kind is VerdictKind.EPOCH_START_STALL for v in [*verdicts, *findings]):
         out += epoch_fixes(facts)
     if verdict.kind in STARVED - {VerdictKind.IO_BOUND, VerdictKind.EPOCH_START_STALL} and (
@@ -119,6 +122,48 @@ def _estimated_workers(lane: LaneFacts) -> Recommendation:
         "consumer)); workers stop adding long before that bound on many hosts: `probe sweep` "
         "measures the knee",
     )
+
+
+def _predicted_workers(lane: LaneFacts, lanes: int) -> Recommendation | None:
+    """num_workers at the knee of the curve this run predicts (`probe.judge.model`), where
+    every term of it was measured."""
+    curve = curve_of(lane, lanes=lanes)
+    if curve is None:
+        return None
+    knee = curve.knee(curve.settings())
+    workers_now = lane.num_workers or 0
+    if knee == workers_now:
+        return None
+    verb = "raise" if knee > workers_now else "lower"
+    return Recommendation(
+        f"{verb} num_workers from {workers_now} to {knee}",
+        workers(knee),
+        curve.images_per_s(knee),
+        f"predicted by the model from this run, not measured (bound by the "
+        f"{curve.bound(knee)} there): {curve.text}; `probe doctor` measures it",
+    )
+
+
+def _free_the_step(lane: LaneFacts, lanes: int) -> list[Recommendation]:
+    """Where the loader's CPU slows the step: fewer workers, as the curve predicts them, or on
+    a GPU DALI, which decodes there; at best the consumer alone's rate."""
+    out = []
+    predicted = _predicted_workers(lane, lanes)
+    value = None if predicted is None else predicted.change.value
+    if predicted is not None and isinstance(value, int) and value < (lane.num_workers or 0):
+        out.append(predicted)
+    alone = (lane.figures.consumer_alone or {}).get("images_per_s")
+    if lane.on_gpu and lane.backend == "torch":
+        out.append(
+            Recommendation(
+                "move decoding to DALI (nvJPEG and the hardware decoder), freeing the CPU the "
+                "training step needs",
+                to_dali("mixed", min(8, max(1, int(lane.cores_per_lane)))),
+                None if alone is None else alone * lanes,
+                "estimated: at best the consumer alone's rate; `probe doctor` measures it",
+            )
+        )
+    return out
 
 
 def _measured_workers(lane: LaneFacts, sweep: SweepAnalysis, lanes: int) -> list[Recommendation]:
@@ -211,6 +256,7 @@ def recommend_measured(
     verdict: Verdict,
     dali: DaliRun | None = None,
     dali_notes: Sequence[str] = (),
+    curve: Curve | None = None,
 ) -> list[Recommendation]:
     """A doctor's recommendations, from what its sweep of num_workers measured around your
     setting (`baseline`): the knee, within KNEE_WITHIN of the best measured; and DALI where it
@@ -224,19 +270,19 @@ def recommend_measured(
         action = "no change: num_workers is at the knee of the sweep"
         if verdict.kind is VerdictKind.FED:
             action = "no change: compute-bound; the DataLoader keeps up and DALI would not help"
-        out.append(_measured(action, baseline))
+        out.append(_measured(action, baseline, curve))
     elif knee.setting < baseline.setting:
         action = (
             f"lower num_workers from {baseline.setting} to {knee.setting}: as fast within "
             f"{KNEE_WITHIN:.0%} and its error, with fewer processes and less CPU"
         )
-        out.append(_measured(action, knee))
+        out.append(_measured(action, knee, curve))
     else:
         action = (
             f"raise num_workers from {baseline.setting} to {knee.setting}: the smallest "
             f"setting within {KNEE_WITHIN:.0%} of the best measured"
         )
-        out.append(_measured(action, knee))
+        out.append(_measured(action, knee, curve))
     if dali is not None and dali_worth_it(analysis, dali):
         assert dali.images_per_s is not None  # judged
         out.insert(
@@ -253,12 +299,19 @@ def recommend_measured(
     return out
 
 
-def _measured(action: str, point: SweepPoint) -> Recommendation:
+def _measured(action: str, point: SweepPoint, curve: Curve | None = None) -> Recommendation:
+    basis = f"measured in the sweep, run {point.run_id}"
+    if curve is not None:
+        predicted = curve.images_per_s(point.setting)
+        basis += (
+            f"; the model predicted {IMAGES_PER_S.text(predicted)} "
+            f"({point.images_per_s / predicted - 1:+.0%} measured against it)"
+        )
     return Recommendation(
         action,
         workers(point.setting),
         point.images_per_s,
-        f"measured in the sweep, run {point.run_id}",
+        basis,
         predicted_error=point.images_per_s_error,
     )
 

@@ -10,12 +10,13 @@ either back, so that readers need not tell the schemas apart.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from enum import Enum
 from typing import Any
 
 from probe.judge.changes import Change, Recommendation, to_dali, workers
 from probe.judge.knee import SweepAnalysis, SweepPoint
+from probe.judge.model import Curve
 from probe.judge.verdicts import Verdict
 from probe.metrics import EpochStartCost
 from probe.records import RunStatus
@@ -218,6 +219,29 @@ class Session:
     dali: DaliRun | None = None
     epochs: EpochsRun | None = None
     verify: Verification | None = None
+    curve: Curve | None = None  # the DataLoader's predicted curve, from its first point's run
+
+    def predicted(self, setting: int) -> float | None:
+        """The curve's images/s at `setting` (None without a curve, or for DALI threads)."""
+        if self.curve is None or self.knob != "num_workers":
+            return None
+        return self.curve.images_per_s(setting)
+
+    def _curve_json(self) -> dict[str, Any] | None:
+        if self.curve is None:
+            return None
+        settings = sorted(set(self.curve.settings()) | {p.setting for p in self.points})
+        return {
+            **self.curve.to_json(),
+            "predicted": [
+                {
+                    self.knob: s,
+                    "images_per_s": self.curve.images_per_s(s),
+                    "bound": self.curve.bound(s),
+                }
+                for s in settings
+            ],
+        }
 
     @property
     def host_busy(self) -> list[int]:
@@ -251,6 +275,7 @@ class Session:
                 "best": None if self.best is None else self.best.to_json(self.knob),
                 "knee": knee, "oversubscribed": list(self.oversubscribed), "skipped": skipped,
                 "host_busy": self.host_busy, "run_ids": list(self.run_ids),
+                "curve": self._curve_json(),
             }  # fmt: skip
         if self.verdict is None:
             return {
@@ -271,7 +296,7 @@ class Session:
             "dali": None if self.dali is None else self.dali.to_json(),
             "epochs": None if self.epochs is None else self.epochs.to_json(),
             "verify": None if self.verify is None else self.verify.to_json(),
-            "run_ids": list(self.run_ids),
+            "run_ids": list(self.run_ids), "curve": self._curve_json(),
         }  # fmt: skip
 
     @classmethod
@@ -326,6 +351,7 @@ class Session:
             verify=None
             if verify is None
             else Verification.from_json(verify, _verified(verify, recommendations)),
+            curve=_curve(document.get("curve")),
         )
 
     def analysis(self) -> SweepAnalysis | None:
@@ -340,6 +366,16 @@ class Session:
 def read_session(store: Store, session_id: str) -> Session:
     """A stored sweep or doctor session (its id, or a unique start of it)."""
     return Session.from_json(store.session(session_id).document)
+
+
+def _curve(data: Mapping[str, Any] | None) -> Curve | None:
+    if not data:
+        return None
+    known = {f.name for f in fields(Curve)}
+    try:
+        return Curve.from_json({k: v for k, v in data.items() if k in known})
+    except TypeError:  # written unlike this one
+        return None
 
 
 def _best(points: tuple[SweepPoint, ...]) -> SweepPoint | None:

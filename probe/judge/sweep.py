@@ -1,5 +1,7 @@
 """A sweep: one knob's settings, smallest first, each a stored run on lanes kept warm, until
-throughput has clearly fallen past its peak or the budget ends; then its knee."""
+throughput has clearly fallen past its peak or the budget ends; then its knee, and for
+num_workers the curve predicted from the first point alone (`probe.judge.model`), which the
+other points check."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import threading
 
 from pipelines import InputError
 from probe.judge.knee import analyze_sweep, past_the_peak
+from probe.judge.model import run_curve
 from probe.judge.results import Session, SessionKind
 from probe.judge.session import Budget, OnEvent, Points, WarmSession, check_budget, with_setting
 from probe.measure.config import ProbeConfig, check_config
@@ -48,6 +51,10 @@ def run_sweep(
                 points.skip(values[position + 1 :], "past the peak")
                 break
     analysis = analyze_sweep(list(points.measured.values()), knob) if points.measured else None
+    first = analysis.points[0] if analysis is not None else None
+    curve = None  # predicted from the first point alone: the others check it
+    if knob == "num_workers" and first is not None and first.run_id is not None:
+        curve = run_curve(store, first.run_id)
     status, reason = points.status()
     result = Session(
         kind=SessionKind.SWEEP,
@@ -72,6 +79,7 @@ def run_sweep(
         consumer_alone=session.consumer_alone(),
         pipeline="torch" if knob == "num_workers" else "dali",
         read=base.read.value,
+        curve=curve,
     )
     session.save(result)
     return result

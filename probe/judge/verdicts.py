@@ -16,9 +16,15 @@ from probe.judge.evidence import (
     epoch_evidence,
     gpu_evidence,
     host_load_evidence,
+    memory_evidence,
     rate_evidence,
+    shm_needed_mib,
+    slowdown_evidence,
+    stage_evidence,
     stall_evidence,
     step_evidence,
+    step_slowdown,
+    threads_evidence,
     transfer_evidence,
     wait_evidence,
 )
@@ -52,6 +58,10 @@ class VerdictKind(str, Enum):
     SHARED_CORES = "shared_cores"
     EPOCH_START_STALL = "epoch_start_stall"
     HOST_BUSY = "host_busy"
+    NOISY_NEIGHBOUR = "noisy_neighbour"
+    CORES_OVERSUBSCRIBED = "cores_oversubscribed"
+    SHM_TOO_SMALL = "shm_too_small"
+    WORKER_KILLED = "worker_killed"
     PIPELINE_ONLY = "pipeline_only"
     UNKNOWN = "unknown"
 
@@ -92,6 +102,13 @@ TITLES = {
         "the host was busy: other processes took CPU the pipeline needs, so these figures "
         "cannot be trusted"
     ),
+    VerdictKind.NOISY_NEIGHBOUR: (
+        "the loader slows the training step: its CPU use costs throughput that data-wait "
+        "does not show"
+    ),
+    VerdictKind.CORES_OVERSUBSCRIBED: "more busy threads than the cores the host allows",
+    VerdictKind.SHM_TOO_SMALL: "/dev/shm is smaller than the workers' batches in flight",
+    VerdictKind.WORKER_KILLED: "a worker was killed by a signal (the OOM killer, most likely)",
     VerdictKind.PIPELINE_ONLY: "the pipeline alone: its capacity (no consumer to starve)",
     VerdictKind.UNKNOWN: "not enough measured to judge",
 }
@@ -150,23 +167,24 @@ def judge_lane(facts: LaneFacts) -> Verdict:
     gpu = gpu_evidence(facts)
     load = host_load_evidence(facts)
     alone = consumer_evidence(facts)
+    stages = stage_evidence(facts)
     if facts.consumer == "none":
-        evidence = [rate_evidence(facts), *cpu_evidence(facts), wait_evidence(facts), *gpu]
+        evidence = [rate_evidence(facts), *stages, *cpu_evidence(facts), wait_evidence(facts), *gpu]
         if facts.epoch_share >= EPOCH_START_SHARE:  # its capacity, less its epoch starts
             evidence += epoch_evidence(facts)
         return verdict(VerdictKind.PIPELINE_ONLY, Severity.NONE, [*evidence, *load])
     severity = severity_of(wait)
     if severity is Severity.NONE:  # fed even with the host's other load: that answer holds
-        evidence = [wait_evidence(facts), *gpu, *step_evidence(facts), *alone, *load]
+        evidence = [wait_evidence(facts), *gpu, *step_evidence(facts), *alone, *stages, *load]
         return verdict(VerdictKind.FED, severity, evidence)
     if facts.host_busy:
-        evidence = [wait_evidence(facts), *load, *cpu_evidence(facts), *gpu, *alone]
+        evidence = [wait_evidence(facts), *load, *stages, *cpu_evidence(facts), *gpu, *alone]
         return verdict(VerdictKind.HOST_BUSY, severity, evidence, reliable=False)
     if facts.epoch_stalls_most:
-        evidence = [wait_evidence(facts), *epoch_evidence(facts), *gpu, *alone]
+        evidence = [wait_evidence(facts), *epoch_evidence(facts), *stages, *gpu, *alone]
         return verdict(VerdictKind.EPOCH_START_STALL, severity, evidence)
     kind, why = _cause(facts)
-    return verdict(kind, severity, [wait_evidence(facts), *gpu, *why, *alone])
+    return verdict(kind, severity, [wait_evidence(facts), *stages, *gpu, *why, *alone])
 
 
 _Cause = tuple[VerdictKind, list[Evidence]] | None
@@ -255,7 +273,46 @@ def _cpu_limits(facts: LaneFacts) -> _Cause:
 
 def judge_lanes(facts: Sequence[LaneFacts], verdicts: Sequence[Verdict]) -> list[Verdict]:
     """What only several lanes show, and epoch starts that cost a lane besides another cause."""
-    return [*_across_lanes(facts, verdicts), *_epoch_findings(facts, verdicts)]
+    return [
+        *_across_lanes(facts, verdicts),
+        *_epoch_findings(facts, verdicts),
+        *(found for fact in facts for found in _host_findings(fact)),
+    ]
+
+
+def _host_findings(facts: LaneFacts) -> list[Verdict]:
+    """What a lane's host did to it: a step slowed by the loader's CPU (the noisy neighbour),
+    more busy threads than the cores it may use, /dev/shm too small for the batches in flight,
+    a worker killed by a signal."""
+    out = []
+    wait = facts.figures.data_wait_frac
+
+    def finding(kind: VerdictKind, severity: Severity, evidence: list[Evidence]) -> None:
+        out.append(Verdict(kind, severity, wait, tuple(evidence), facts.lane))
+
+    slowed = step_slowdown(facts)
+    if slowed is not None and facts.figures.batches:
+        lost = 1 - 1 / (1 + slowed)  # the share of the consumer's speed lost
+        severity = severity_of(lost)
+        if severity is not Severity.NONE:
+            why = [*slowdown_evidence(facts), *stage_evidence(facts), *cpu_evidence(facts)]
+            finding(VerdictKind.NOISY_NEIGHBOUR, severity, why)
+    threads = max(1, facts.figures.worker_threads or 1)
+    if (
+        facts.backend == "torch"
+        and facts.num_workers
+        and facts.figures.batches
+        and facts.num_workers * threads > facts.cores_per_lane
+    ):
+        why = [*threads_evidence(facts), *cpu_evidence(facts)]
+        finding(VerdictKind.CORES_OVERSUBSCRIBED, Severity.MODERATE, why)
+    need = shm_needed_mib(facts)
+    if need is not None and facts.shm_free_mib is not None and need > facts.shm_free_mib:
+        finding(VerdictKind.SHM_TOO_SMALL, Severity.HIGH, memory_evidence(facts))
+    if facts.reason and "killed by signal" in facts.reason:
+        cause = Evidence("worker_killed", None, f"lane {facts.lane} failed: {facts.reason}")
+        finding(VerdictKind.WORKER_KILLED, Severity.HIGH, [cause, *memory_evidence(facts)])
+    return out
 
 
 def rank(verdict: Verdict) -> tuple[int, int, float]:

@@ -15,7 +15,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from pipelines import Backend, InputError, PipelineSpec, available_cpus, check_backend, discover
+from pipelines import (
+    Backend,
+    InputError,
+    PipelineSpec,
+    available_cpus,
+    check_backend,
+    cpu_limits,
+    discover,
+    shm_free_mib,
+)
 from pipelines.dataset import read_order, shard
 from probe.measure.consumers import ConsumerSpec, model_note
 from probe.measure.devices import CudaDevice, cuda_devices
@@ -207,7 +216,9 @@ def describe_host(gpus: GpuSampler | None) -> dict[str, Any]:
     return {
         "hostname": socket.gethostname(),
         "clock": {"monotonic_ns": time.monotonic_ns(), "unix_ns": time.time_ns()},
-        "cpus": available_cpus(),
+        "cpus": available_cpus(),  # the cores it may use: affinity and cgroup quota included
+        "cpu_limits": cpu_limits().to_json(),
+        "shm_free_mib": shm_free_mib(),
         **host_facts(),
         "gpus": [
             {"index": d.index, "uuid": d.uuid, "name": d.name, "memory_mib": round(d.memory_mib)}

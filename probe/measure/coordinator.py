@@ -240,6 +240,7 @@ class Coordinator:
                 if lane.lane in self.started_here
                 else None,
                 consumer_alone=self.lanes.consumer_alone.get(lane.lane),
+                **_stage_figures(ended),
             )
             self.store.update_lane(run_id, lane.lane, status=status, reason=reason, summary=figures)
             if status is RunStatus.FAILED:
@@ -251,6 +252,18 @@ class Coordinator:
         else:
             run_status, run_reason = RunStatus.COMPLETED, None
         self.store.finish_run(run_id, run_status, run_reason, time.monotonic_ns())
+
+
+def _stage_figures(ended: dict[str, Any]) -> dict[str, Any]:
+    """The lane's stages in CPU ms per image, and its cgroup's throttling, as it ended."""
+    out: dict[str, Any] = {}
+    stages, images = ended.get("stages_ns"), ended.get("stage_images")
+    if stages and images:
+        out["stages_ms"] = {name: ns / 1e6 / images for name, ns in stages.items()}
+    if ended.get("throttling") is not None:
+        periods, throttled, seconds = ended["throttling"]
+        out.update(cfs_periods=periods, throttled_periods=throttled, throttled_s=seconds)
+    return out
 
 
 def _exit_reason(code: int | None) -> str:

@@ -23,10 +23,12 @@ from enum import Enum
 from typing import Any
 
 from pipelines import Backend, Batch, InputError, InputPipeline, PipelineSpec, build_pipeline
-from pipelines.loader import NOTHING_TO_READ
+from pipelines.host import Throttling, cpu_throttling
+from pipelines.loader import MAIN_STAGES, NOTHING_TO_READ
 from probe.measure.consumers import Consumer, ConsumerKind, ConsumerSpec, build_consumer
 from probe.measure.devices import device_sync
 from probe.measure.timer import BatchTimer
+from probe.metrics import median_error
 from probe.records import BatchEvent
 from probe.steady import (
     MIN_BLOCKS,
@@ -84,7 +86,9 @@ class Measure:
 #   ("batches", lane, job, [BatchEvent, ...])
 #   ("precise", lane, job, {})           images/s is known within the precision asked for
 #   ("ended", lane, job, {"stopped", "capped", "skipped_files", "build_s", "warmup_settled",
-#                         "starts": [[epoch, started_ns, ready_ns], ...]})
+#                         "starts": [[epoch, started_ns, ready_ns], ...],
+#                         "stages_ns": {stage: CPU ns} | None, "stage_images": int,
+#                         "throttling": [periods, throttled periods, throttled s] | None})
 #   ("failed", lane, job, {"reason": str, "traceback": str, "input": bool})
 #                                   job -1: the process is done; input: the user's input is bad
 
@@ -159,9 +163,11 @@ def _measure(
         flushed_ns = time.monotonic_ns()
         measured_s = 0.0
         stopping = capped = precise = False
+        stages = StageTotals()
         while True:
             interrupted = stop_all.is_set() or os.getppid() != parent
             timer.ask()
+            cpu_asked = time.process_time_ns(), time.thread_time_ns()
             batch = None if interrupted else next(batches)
             if batch is not None:
                 timer.got()
@@ -179,6 +185,7 @@ def _measure(
                     "starts": [
                         [i, s.started_ns, s.ready_ns] for i, s in enumerate(pipeline.starts)
                     ],
+                    **stages.payload(),
                 }
             assert batch is not None
             consumer.step(batch)
@@ -186,6 +193,8 @@ def _measure(
             if warmup.warming(event):
                 event = replace(event, warmup=True)
             else:
+                spent = time.process_time_ns() - cpu_asked[0], time.thread_time_ns() - cpu_asked[1]
+                stages.add(pipeline.last_stages, *spent, event.size)
                 measured.append(event)
                 measured_s += batch_seconds(event)
             pending.append(event)
@@ -202,6 +211,43 @@ def _measure(
                     precise = _known_within(measured, loaders, job.precision)
                     if precise:
                         messages.put(("precise", lane, job.job, {}))
+
+
+class StageTotals:
+    """The measured batches' CPU time by stage (`pipelines.loader.WORKER_STAGES` and
+    `MAIN_STAGES`, as the pipeline times them; the step: what else the loop's thread spent on
+    the batch, the step, its wait for the device and the loop; main_threads: the training
+    process's other threads meanwhile, pin memory's and the step's own), and the lane's cgroup
+    throttling from its first measured batch to its end."""
+
+    def __init__(self) -> None:
+        self.ns: dict[str, int] | None = None
+        self.images = 0
+        self._throttling: Throttling | None = None
+
+    def add(
+        self, stages: dict[str, int] | None, process_ns: int, thread_ns: int, images: int
+    ) -> None:
+        """One measured batch: its pipeline's stages, and the training process's CPU (all its
+        threads, and the loop's thread alone) from asking for it to the end of its step."""
+        if not self.images:
+            self._throttling = cpu_throttling()
+        self.images += images
+        if stages is None:
+            return
+        self.ns = self.ns or dict.fromkeys([*stages, "step", "main_threads"], 0)
+        for name, spent in stages.items():
+            self.ns[name] = self.ns.get(name, 0) + spent
+        main = sum(stages.get(name, 0) for name in MAIN_STAGES)
+        self.ns["step"] += max(0, thread_ns - main)
+        self.ns["main_threads"] += max(0, process_ns - thread_ns)
+
+    def payload(self) -> dict[str, Any]:
+        throttled = None
+        if self._throttling is not None and (now := cpu_throttling()) is not None:
+            spent = now - self._throttling
+            throttled = [spent.periods, spent.throttled_periods, spent.throttled_s]
+        return {"stages_ns": self.ns, "stage_images": self.images, "throttling": throttled}
 
 
 def _known_within(
@@ -285,6 +331,7 @@ def _consumer_alone(
         "images_per_s": estimate.value,
         "images_per_s_error": estimate.error,
         "step_ms_p50": statistics.median(e.step_s for e in measured) * 1e3 if measured else None,
+        "step_ms_p50_error": median_error([e.step_s * 1e3 for e in measured]),
         "steps": len(measured),
         "batch_size": sizes[0],
         "tune_s": started - tuning,  # cuDNN's choices, per batch size

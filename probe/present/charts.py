@@ -4,11 +4,15 @@ The dashboard and the exported reports draw with these. Every busy-ness axis say
 it is: SM activity (GPM), or kernel-active (NVML utilization.gpu), which overstates busy-ness.
 Downsampled series are drawn as a band from each bucket's minimum to its maximum, with the mean
 as a line: peaks and dips stay visible however long the run.
+
+Where a chart needs a sentence under it, it is made here too (`slowest_line`, `stage_line`), so
+that the dashboard and the reports say the same.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import cycle
 
 import numpy as np
 import plotly.graph_objects as go
@@ -23,30 +27,57 @@ from probe.metrics import (
     IMAGES_PER_S,
     KERNEL_ACTIVE,
     SM_ACTIVE,
+    STAGE_TIME,
+    STAGES,
     Metric,
+    Side,
     busy_metric,
 )
-from probe.store.documents import RunBrief
-from probe.store.series import Band, CpuStrip, LatencyHistogram, RunSeries
+from probe.store.documents import LaneDocument, RunBrief
+from probe.store.series import (
+    Band,
+    CpuStrip,
+    LatencyHistogram,
+    RunSeries,
+    SlowestLanes,
+    slowest_lanes,
+)
 
 WAIT_COLOR = "#d62728"
 BUSY_COLOR = "#1f77b4"
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22")
 TIME_AXIS = "seconds since the run started"
+# The stages' colours: the DataLoader workers' in oranges, the main process's in blues (dark to
+# light, in `STAGES` order).
+WORKER_COLORS = ("#7f2704", "#a63603", "#d94801", "#f16913", "#fd8d3c", "#fdae6b", "#fdd0a2")
+MAIN_COLORS = ("#08306b", "#08519c", "#2171b5", "#4292c6", "#6baed6", "#9ecae1", "#c6dbef")
+MEASURED_COLOR = "#111111"
+SIDE_TITLES = {Side.WORKERS: "DataLoader workers", Side.MAIN: "main process"}
+SLOWEST_TITLE = "slowest lane per interval (the highest data-wait; DDP waits for it)"
+SLOWEST_SPAN = 30  # px per lane of the slowest-lane strip
 
 
 def lane_timelines(series: RunSeries) -> go.Figure:
     """Per lane, on one time axis: data-wait (the share of each interval spent waiting for
     data) against the lane's GPU busy-ness, both in %. Starvation shows as red up where blue
-    is down."""
+    is down. With two lanes or more, a strip under them marks, for each interval, the lane that
+    waited most (`slowest_lanes`)."""
     gpus = {gpu.uuid: gpu for gpu in series.gpus}
-    rows = max(1, len(series.lanes))
+    slowest = slowest_lanes(series)
+    lane_rows = max(1, len(series.lanes))
+    rows = lane_rows + (slowest is not None)
+    heights = [200] * lane_rows
+    titles = [lane.label for lane in series.lanes] or [""]
+    if slowest is not None:
+        heights.append(SLOWEST_SPAN * len(series.lanes))
+        titles.append(SLOWEST_TITLE)
     figure = make_subplots(
         rows=rows,
         cols=1,
         shared_xaxes=True,
         vertical_spacing=min(0.08, 0.3 / rows),
-        subplot_titles=[lane.label for lane in series.lanes] or [""],
+        subplot_titles=titles,
+        row_heights=[h / sum(heights) for h in heights],
     )
     metrics = set()
     for row, lane in enumerate(series.lanes, 1):
@@ -70,11 +101,196 @@ def lane_timelines(series: RunSeries) -> go.Figure:
             for trace in _band(gpu.busy, f"{gpu.busy_metric} %", BUSY_COLOR, "busy", row == 1):
                 figure.add_trace(trace, row=row, col=1)
         figure.update_yaxes(range=[0, 105], title_text="%", row=row, col=1)
+    if slowest is not None:
+        _slowest_strip(figure, series, slowest, rows)
     figure.update_xaxes(title_text=TIME_AXIS, row=rows, col=1)
     figure.update_xaxes(range=series.span_s)
     against = " / ".join(sorted(metrics)) if metrics else "GPU busy-ness (not measured on the CPU)"
     title = f"Data-wait against {against}, per lane"
-    return _layout(figure, title, height=200 * rows + 100)
+    strip_px = 0 if slowest is None else heights[-1] + 60  # its title and a gap
+    return _layout(figure, title, height=200 * lane_rows + 100 + strip_px)
+
+
+def _slowest_strip(figure: go.Figure, series: RunSeries, slowest: SlowestLanes, row: int) -> None:
+    """A row of one category per lane: a mark at each interval where that lane was the
+    slowest, in the lane's colour (as in the throughput chart)."""
+    names = [f"lane {lane.lane}" for lane in series.lanes]
+    intervals = list(zip(slowest.t_s, slowest.lane, slowest.data_wait_frac, strict=True))
+    for index, lane in enumerate(series.lanes):
+        marked = [(t_s, wait) for t_s, slow, wait in intervals if slow == lane.lane]
+        figure.add_trace(
+            go.Scatter(
+                x=_values([t for t, _ in marked]),
+                y=[names[index]] * len(marked),
+                customdata=_values([DATA_WAIT.scale * w for _, w in marked]),
+                mode="markers",
+                marker={"symbol": "square", "size": 9, "color": PALETTE[index % len(PALETTE)]},
+                name=f"slowest: {names[index]}",
+                showlegend=False,
+                hovertemplate=f"{names[index]} the slowest: data-wait %{{customdata:.1f}}%"
+                "<extra></extra>",
+            ),
+            row=row,
+            col=1,
+        )
+    figure.update_yaxes(
+        type="category",
+        categoryorder="array",
+        categoryarray=names,
+        range=[len(names) - 0.5, -0.5],  # lane 0 on top, as the rows above
+        fixedrange=True,
+        row=row,
+        col=1,
+    )
+
+
+def slowest_line(slowest: SlowestLanes) -> str:
+    """The sentence under the lanes' timelines: 'lane 1 was the slowest in 42 of 60 seconds;
+    lane 0 in 15; in 3 no lane waited more than the others.'"""
+    total = _seconds(slowest.seconds)
+    parts = []
+    for index, (lane, count) in enumerate(slowest.counts().items()):
+        seconds = _seconds(count * slowest.bucket_s)
+        if index == 0:
+            unit = "second" if total == "1" else "seconds"
+            parts.append(f"lane {lane} was the slowest in {seconds} of {total} {unit}")
+        else:
+            parts.append(f"lane {lane} in {seconds}")
+    if not parts:
+        return f"No lane waited for data more than the others in any of {total} seconds."
+    if slowest.ties:
+        parts.append(
+            f"in {_seconds(slowest.ties * slowest.bucket_s)} no lane waited more than the others"
+        )
+    return "; ".join(parts) + "."
+
+
+def _seconds(value: float) -> str:
+    return f"{value:,.0f}"
+
+
+def stage_bars(lanes: Sequence[LaneDocument]) -> go.Figure | None:
+    """Where each image's CPU time goes: per lane that timed its stages (`stages_ms`), a bar of
+    its stages in `STAGES` order, the workers' in oranges and the main process's in blues, and
+    a black mark at the CPU per image its processes measured (psutil), which the stages should
+    add up to; each lane's label says both ('lane 0<br>9.80 of 12.34 ms'). A segment too
+    narrow for its label is left unlabelled (the legend and its hover name it). None where no
+    lane timed its stages."""
+    timed = [lane for lane in lanes if lane.figures.stages_ms]
+    if not timed:
+        return None
+    names = [f"lane {lane.lane}" for lane in timed]
+    figure = go.Figure()
+    shades = {Side.WORKERS: cycle(WORKER_COLORS), Side.MAIN: cycle(MAIN_COLORS)}
+    for stage in STAGES:
+        color = next(shades[stage.side])
+        ms = [(lane.figures.stages_ms or {}).get(stage.name) for lane in timed]
+        if all(value is None for value in ms):
+            continue
+        shown = [STAGE_TIME.number(value) for value in ms]
+        figure.add_trace(
+            go.Bar(
+                y=names,
+                x=_values(ms),
+                orientation="h",
+                name=stage.label,
+                legendgroup=stage.side.value,
+                legendgrouptitle_text=SIDE_TITLES[stage.side],
+                marker={"color": color, "line": {"color": "white", "width": 1}},
+                text=[f"{stage.label} {value}" for value in shown],
+                textposition="inside",
+                insidetextanchor="middle",
+                textangle=0,
+                customdata=shown,
+                hovertemplate=f"{stage.label} ({SIDE_TITLES[stage.side]}): "
+                f"%{{customdata}} {STAGE_TIME.unit}<extra></extra>",
+            )
+        )
+    measured = [lane.figures.cpu_ms_per_image for lane in timed]
+    if any(value is not None for value in measured):
+        figure.add_trace(
+            go.Scatter(
+                y=names,
+                x=_values(measured),
+                mode="markers",
+                name=f"measured ({CPU.source.value})",
+                legendgroup="measured",
+                legendgrouptitle_text="all the lane's processes",
+                marker={
+                    "symbol": "line-ns",
+                    "size": 34,  # as tall as a bar: set below, once the height is known
+                    "line": {"width": 4, "color": MEASURED_COLOR},
+                },
+                customdata=[STAGE_TIME.number(value) for value in measured],
+                hovertemplate=f"measured: %{{customdata}} {STAGE_TIME.unit}<extra></extra>",
+            )
+        )
+    totals = [lane.figures.stage_ms() or 0.0 for lane in timed]
+    widest = max([*totals, *(value or 0.0 for value in measured)])
+    ticks = [f"{name}<br>{_stages_of(lane)}" for name, lane in zip(names, timed, strict=True)]
+    # the legend on the right, a column of the workers' stages and one of the main process's:
+    # its height, not the page's width, sets the figure's
+    legend_px = 20 * len(figure.data) + 40 * 3  # entries, and three groups' titles and gaps
+    margins = 70 + 70  # the title's, and the axis title's
+    height = margins + max(60 * len(timed), legend_px)
+    _layout(figure, "Where each image's CPU time goes", height=height)
+    figure.update_traces(
+        marker_size=0.8 * (height - margins) / len(timed), selector={"type": "scatter"}
+    )
+    figure.update_layout(
+        barmode="stack",
+        hovermode="closest",
+        uniformtext={"mode": "hide", "minsize": 10},  # a label that does not fit is not drawn
+        margin={"b": 70},
+        legend={
+            "orientation": "v",
+            "x": 1.02,
+            "xanchor": "left",
+            "y": 1,
+            "yanchor": "top",
+            "traceorder": "grouped",
+            "groupclick": "toggleitem",
+        },
+    )
+    figure.update_xaxes(
+        title_text=f"CPU {STAGE_TIME.unit} per image", range=[0, 1.04 * widest or 1.0]
+    )
+    figure.update_yaxes(
+        tickmode="array",
+        tickvals=names,
+        ticktext=ticks,
+        autorange="reversed",
+        automargin=True,
+    )
+    return figure
+
+
+def _stages_of(lane: LaneDocument) -> str:
+    """'9.80 of 12.34 ms': the stages against the measured CPU per image."""
+    total = STAGE_TIME.number(lane.figures.stage_ms())
+    measured = lane.figures.cpu_ms_per_image
+    if measured is None:
+        return f"{total} {STAGE_TIME.unit}"
+    return f"{total} of {STAGE_TIME.number(measured)} {STAGE_TIME.unit}"
+
+
+def stage_line(lanes: Sequence[LaneDocument]) -> str | None:
+    """The sentence under `stage_bars`: per lane, how much of the CPU its processes measured
+    per image the timed stages account for. None where no lane timed its stages."""
+    parts = []
+    for lane in lanes:
+        figures = lane.figures
+        total, measured = figures.stage_ms(), figures.cpu_ms_per_image
+        if total is None:
+            continue
+        text = f"lane {lane.lane}: the stages add up to {STAGE_TIME.text(total)}"
+        if measured:
+            text += (
+                f", {total / measured:.0%} of the {STAGE_TIME.text(measured)} "
+                f"its processes measured ({CPU.source.value})"
+            )
+        parts.append(text)
+    return "; ".join(parts) + "." if parts else None
 
 
 def run_figures(series: RunSeries, histogram: LatencyHistogram | None) -> list[go.Figure]:

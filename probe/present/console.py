@@ -212,5 +212,6 @@ def print_session(session: Session) -> None:
     """A doctor's or a sweep's points, and the doctor's answer, on stdout."""
     if session.points or session.skipped:
         out.print(terminal.sweep_table(session))
+        print_lines(tables.curve_lines(session), to_stdout=True)
     if session.kind is SessionKind.DOCTOR:
         print_lines(tables.doctor_lines(session), to_stdout=True)

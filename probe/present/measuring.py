@@ -325,8 +325,9 @@ def doctor(
             "about that at batch 128 on one H200); give --consumer for yours"
         )
     console.err.print(
-        f"doctor: yours (num_workers={baseline}) first, then DataLoader workers from it over "
-        f"{', '.join(map(str, settings))}, DALI with {threads} threads, the epoch reading where "
+        f"doctor: yours (num_workers={baseline}) first, then the DataLoader around the knee "
+        "its run predicts (where a term cannot be measured, workers from yours over "
+        f"{', '.join(map(str, settings))}), DALI with {threads} threads, the epoch reading where "
         f"it matters, and a verification; each point until images/s is known within "
         f"{config.precision:.0%}; budget {budget:g} s; store: {store.path}"
     )

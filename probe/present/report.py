@@ -5,6 +5,12 @@ and JSON (everything, schema `feedscope.report/1`).
 A report is built once (`build_report`) and rendered in any format; the dashboard's export
 buttons render the same `Report`. Every string that comes from the user or the system (paths,
 labels, host and GPU names) is escaped in HTML and Markdown.
+
+Where the lanes timed their stages, the HTML shows where each image's CPU time goes
+(`charts.stage_bars`) under the lanes table, and the Markdown a table of it (`stage_grid`, a
+column per stage, to keep the summary short); the JSON has each lane's `stages_ms`. A run of
+several lanes says under its timelines which lane waited most for data, interval by interval
+(`charts.slowest_line`).
 """
 
 from __future__ import annotations
@@ -22,12 +28,13 @@ from probe.judge.changes import Recommendation
 from probe.judge.diagnosis import RunDiagnosis, diagnose_run
 from probe.judge.results import Session, SessionKind, read_session
 from probe.judge.verdicts import Verdict
-from probe.metrics import DATA_WAIT, IMAGES_PER_S, MEMORY
+from probe.metrics import DATA_WAIT, IMAGES_PER_S, MEMORY, STAGE_TIME, STAGES
 from probe.present import charts
 from probe.present.options import reproduce_command
 from probe.present.tables import (
     Grid,
     brief_grid,
+    curve_lines,
     epochs_lines,
     headline,
     lane_grid,
@@ -37,7 +44,13 @@ from probe.present.tables import (
 )
 from probe.store.db import Store
 from probe.store.documents import RunBrief, RunDocument, read_run
-from probe.store.series import LatencyHistogram, RunSeries, latency_histogram, run_series
+from probe.store.series import (
+    LatencyHistogram,
+    RunSeries,
+    latency_histogram,
+    run_series,
+    slowest_lanes,
+)
 
 REPORT_SCHEMA = "feedscope.report/1"
 FORMATS = ("html", "md", "json")
@@ -176,6 +189,8 @@ def markdown(report: Report) -> str:
         lines += [line, ""]
     if report.session is not None and report.runs:
         lines += [*_md_table(brief_grid(report.runs)), ""]
+        predicted = curve_lines(report.session)[:1]  # the knee it predicted; the terms: HTML
+        lines += [*(_md(line) for line in predicted), *([""] if predicted else [])]
     label = f" ({_md(doc.label)})" if doc.label else ""
     lines.append(
         f"Run `{doc.run_id}`{label}: {_md(doc.pipeline)}, consumer {_md(doc.consumer)}, "
@@ -183,8 +198,43 @@ def markdown(report: Report) -> str:
         f"{DATA_WAIT.label} {DATA_WAIT.text(doc.data_wait_frac)} (the worst lane's)."
     )
     lines += ["", *_md_table(lane_grid(doc))]
+    stages = stage_grid(doc)
+    if stages is not None:  # one line of text and a table of two rows: a PR comment is short
+        several = sum(1 for lane in doc.lanes if lane.figures.stages_ms) > 1
+        mean = ", the lanes' mean" if several else ""
+        intro = (
+            f"Where each image's CPU time goes ({STAGE_TIME.unit} per image{mean}; the "
+            f"DataLoader workers' stages, then the main process's): "
+        )
+        lines += ["", intro + _md(charts.stage_line(doc.lanes) or ""), "", *_md_table(stages)]
     lines += ["", f"Host {_md(_host_line(doc.host))}.", ""]
     return "\n".join(lines)
+
+
+def stage_grid(doc: RunDocument) -> Grid | None:
+    """Where each image's CPU time goes, a column per stage (`STAGES` order) and a last one
+    adding them up: a row of CPU ms per image (the mean of the lanes that timed the stage), a
+    row of each one's share of all the stages. None where no lane timed its stages."""
+    timed = [lane.figures.stages_ms for lane in doc.lanes if lane.figures.stages_ms]
+    if not timed:
+        return None
+    means = {}
+    for stage in STAGES:
+        values = [stages[stage.name] for stages in timed if stage.name in stages]
+        if values:
+            means[stage.label] = sum(values) / len(values)
+    total = sum(means.values())
+    means["all stages"] = total
+    header = ("stage", *means)
+    rows = (
+        (f"{STAGE_TIME.unit} per image", *(STAGE_TIME.number(ms) for ms in means.values())),
+        ("share", *(_share(ms, total) for ms in means.values())),
+    )
+    return Grid(header, rows, frozenset(range(1, len(header))))
+
+
+def _share(part: float, total: float) -> str:
+    return f"{part / total:.0%}" if total else "-"
 
 
 def _md_table(grid: Grid) -> list[str]:
@@ -226,7 +276,11 @@ def html_page(report: Report) -> str:
                 f"<p class=note>Downsampled to {report.series.bucket_s:.1f} s intervals: shaded "
                 "bands run from each interval's lowest to its highest sample.</p>"
             )
-        parts += [charts.html_div(chart) for chart in drawn]
+        slowest = slowest_lanes(report.series)
+        for index, chart in enumerate(drawn):
+            parts.append(charts.html_div(chart))
+            if index == 0 and slowest is not None:  # the lanes' timelines come first
+                parts.append(f"<p class=note>{_h(charts.slowest_line(slowest))}</p>")
     parts.append(_host_html(doc))
     command = reproduce_command(doc) or "# a watched training loop: run your training again"
     parts.append(
@@ -282,6 +336,7 @@ def _session_html(report: Report) -> str:
     if session.points:
         out.append(charts.html_div(charts.sweep_curve(session)))
     out.append(_grid(point_grid(session)))
+    out += [f"<p class='note'>{_h(line)}</p>" for line in curve_lines(session)]
     out.append(_grid(brief_grid(report.runs)))
     if dali is not None and dali.images_per_s is not None and knee is not None:
         out.append("<h2>DataLoader against DALI</h2>")
@@ -334,7 +389,15 @@ def _lanes_html(report: Report) -> str:
         + _grid(lane_grid(doc))
         + (f"<ul class=note>{notes}</ul>" if notes else "")
         + (tail if unavailable else "")
+        + _stages_html(doc)
     )
+
+
+def _stages_html(doc: RunDocument) -> str:
+    figure = charts.stage_bars(doc.lanes)
+    if figure is None:
+        return ""
+    return charts.html_div(figure) + f"<p class=note>{_h(charts.stage_line(doc.lanes))}</p>"
 
 
 def _host_html(doc: RunDocument) -> str:

@@ -115,7 +115,16 @@ def point_grid(session: Session) -> Grid:
     knee = None if session.knee is None else session.knee.setting
     best = None if session.best is None else session.best.setting
     over = set(session.oversubscribed)
-    header = (knob, IMAGES_PER_S.heading, DATA_WAIT.heading, CPU.heading, "", "run")
+    predicting = session.curve is not None and knob == "num_workers"
+    header = (
+        knob,
+        IMAGES_PER_S.heading,
+        *(("predicted", "predicted vs measured") if predicting else ()),
+        DATA_WAIT.heading,
+        CPU.heading,
+        "",
+        "run",
+    )
     rows = []
     for point in session.points:
         marks = [
@@ -128,18 +137,44 @@ def point_grid(session: Session) -> Grid:
             )
             if holds
         ]
+        predicted = session.predicted(point.setting)
+        against = (
+            (IMAGES_PER_S.cell(predicted), f"{predicted / point.images_per_s - 1:+.1%}")
+            if predicted is not None and point.images_per_s
+            else ("-", "-")
+        )
         rows.append(
             (
                 str(point.setting),
                 IMAGES_PER_S.cell(point.images_per_s, point.images_per_s_error),
+                *(against if predicting else ()),
                 DATA_WAIT.cell(point.data_wait_frac, point.data_wait_frac_error),
                 CPU.cell(point.cpu_pct),
                 ", ".join(marks),
                 point.run_id or "",
             )
         )
-    rows += [(str(s.setting), "-", "-", "-", f"not run: {s.reason}", "") for s in session.skipped]
-    return Grid(header, tuple(rows), frozenset({0, 1, 2, 3}))
+    for skipped in session.skipped:
+        predicted = session.predicted(skipped.setting)
+        guess = (IMAGES_PER_S.cell(predicted), "not measured") if predicting else ()
+        rows.append((str(skipped.setting), "-", *guess, "-", "-",
+                     f"not run: {skipped.reason}", ""))  # fmt: skip
+    numeric = frozenset(range(len(header) - 2)) - ({3} if predicting else set())
+    return Grid(header, tuple(rows), numeric)
+
+
+def curve_lines(session: Session) -> list[str]:
+    """The predicted curve's terms and its knee, for people (none without a curve)."""
+    curve = session.curve
+    if curve is None or session.knob != "num_workers":
+        return []
+    knee = curve.knee(curve.settings())
+    return [
+        f"predicted from run {curve.run_id} (num_workers={curve.workers}): knee at "
+        f"num_workers={knee}, {IMAGES_PER_S.text(curve.images_per_s(knee))} (bound by the "
+        f"{curve.bound(knee)})",
+        f"its terms, measured: {curve.text}",
+    ]
 
 
 def gpu_busy(figures: LaneFigures) -> str:

@@ -188,12 +188,17 @@ class Store:
         rows = [
             (
                 run_id, s.lane, s.t_ns, s.cpu_pct, s.main_cpu_pct, s.main_thread_cpu_pct,
-                s.processes, s.threads,
+                s.processes, s.threads, s.pss_mib, s.worker_threads,
             )
             for s in samples
         ]  # fmt: skip
         with self.transaction() as db:
-            db.executemany("INSERT OR REPLACE INTO lane_cpu VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+            db.executemany(
+                "INSERT OR REPLACE INTO lane_cpu (run_id, lane, t_ns, cpu_pct, main_cpu_pct, "
+                "main_thread_cpu_pct, processes, threads, pss_mib, worker_threads) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                rows,
+            )
 
     def add_unavailable(self, run_id: str, items: Iterable[Unavailable]) -> None:
         rows = [(run_id, u.source, u.device, u.metric, u.reason) for u in items]
@@ -305,7 +310,8 @@ class Store:
             LaneCpuSample(
                 t_ns=row["t_ns"], lane=row["lane"], cpu_pct=row["cpu_pct"],
                 main_cpu_pct=row["main_cpu_pct"], main_thread_cpu_pct=row["main_thread_cpu_pct"],
-                processes=row["processes"], threads=row["threads"],
+                processes=row["processes"], threads=row["threads"], pss_mib=row["pss_mib"],
+                worker_threads=row["worker_threads"],
             )
             for row in rows
         ]  # fmt: skip

@@ -13,7 +13,7 @@ from typing import Any
 from probe.metrics import GPU_METRICS
 from probe.records import HostSample, LaneRecord, RunRecord, RunStatus, SessionRecord
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -113,6 +113,8 @@ CREATE TABLE IF NOT EXISTS lane_cpu (
     main_thread_cpu_pct REAL NOT NULL,
     processes INTEGER NOT NULL,
     threads INTEGER NOT NULL,
+    pss_mib REAL,
+    worker_threads INTEGER,
     PRIMARY KEY (run_id, lane, t_ns)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS unavailable (
@@ -161,6 +163,10 @@ def migrate(db: sqlite3.Connection) -> None:
             db.execute("ALTER TABLE batches ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0")
         if "synced" not in columns:  # 4 -> 5: whether a batch's wait was synced
             db.execute("ALTER TABLE batches ADD COLUMN synced INTEGER NOT NULL DEFAULT 1")
+        columns = {row["name"] for row in db.execute("PRAGMA table_info(lane_cpu)")}
+        if "pss_mib" not in columns:  # 5 -> 6: a lane's memory (PSS), its workers' threads
+            db.execute("ALTER TABLE lane_cpu ADD COLUMN pss_mib REAL")
+            db.execute("ALTER TABLE lane_cpu ADD COLUMN worker_threads INTEGER")
         db.execute(
             "INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
         )

@@ -4,6 +4,9 @@ Long runs hold hundreds of thousands of samples (an hour at 10 Hz on 8 GPUs: 288
 the series here are aggregated in SQL per time bucket, about `points` buckets per run, keeping
 each bucket's minimum, mean and maximum so that a downsampled line still shows its peaks and
 dips. Times are seconds since the run's first record.
+
+`slowest_lanes` names, per batch interval, the lane that waited longest for data: under
+synchronous DDP every step waits for the slowest rank, so that lane set the pace.
 """
 
 from __future__ import annotations
@@ -87,6 +90,67 @@ class RunSeries:
     cpu: CpuStrip | None
     span_s: tuple[float, float]  # the time range every chart of the run shows
 
+    @property
+    def batch_bucket_s(self) -> float:
+        """The length of the lanes' intervals (`LaneSeries.t_s`): at least a second, so that
+        each holds several batches."""
+        return max(MIN_BATCH_BUCKET_NS / 1e9, self.bucket_s)
+
+
+@dataclass(frozen=True)
+class SlowestLanes:
+    """Per batch interval in which two lanes or more measured data-wait: the lane that waited
+    most (None where none waited more than the others), and its data-wait."""
+
+    bucket_s: float  # the intervals' length
+    t_s: list[float]  # each interval's middle
+    lane: list[int | None]
+    data_wait_frac: list[float]  # the highest lane's
+
+    @property
+    def seconds(self) -> float:
+        """How long the lanes were compared."""
+        return len(self.t_s) * self.bucket_s
+
+    def counts(self) -> dict[int, int]:
+        """Per lane, the intervals it was the slowest in; the most first (ties: lower lane)."""
+        out: dict[int, int] = {}
+        for lane in self.lane:
+            if lane is not None:
+                out[lane] = out.get(lane, 0) + 1
+        return dict(sorted(out.items(), key=lambda item: (-item[1], item[0])))
+
+    @property
+    def ties(self) -> int:
+        """Intervals where no lane waited more than the others."""
+        return self.lane.count(None)
+
+
+TIE_FRAC = 0.001  # a lane is the slowest only if it waited 0.1% of the interval more
+
+
+def slowest_lanes(series: RunSeries, tie_frac: float = TIE_FRAC) -> SlowestLanes | None:
+    """For each interval, the lane with the highest data-wait; an interval where the highest
+    is within `tie_frac` of the next (all lanes at 0, say) has none. Only intervals where two
+    lanes or more measured count; None for a run of one lane, or with no such interval."""
+    if len(series.lanes) < 2:
+        return None
+    waits: dict[float, list[tuple[float, int]]] = {}
+    for lane in series.lanes:
+        for t_s, wait in zip(lane.t_s, lane.data_wait_frac, strict=True):
+            if wait is not None:
+                waits.setdefault(t_s, []).append((wait, lane.lane))
+    out = SlowestLanes(series.batch_bucket_s, [], [], [])
+    for t_s, measured in sorted(waits.items()):
+        if len(measured) < 2:
+            continue
+        ranked = sorted(measured, key=lambda item: (-item[0], item[1]))
+        (top, first), (second, _) = ranked[0], ranked[1]
+        out.t_s.append(t_s)
+        out.lane.append(first if top - second > tie_frac else None)
+        out.data_wait_frac.append(top)
+    return out if out.t_s else None
+
 
 def run_series(store: Store, run_id: str, points: int = POINTS) -> RunSeries | None:
     """A run's timelines, about `points` buckets each; None if it recorded nothing yet."""
@@ -97,7 +161,7 @@ def run_series(store: Store, run_id: str, points: int = POINTS) -> RunSeries | N
     start = run.started_ns
     end = max(span[1], run.ended_ns or span[1])
     bucket_ns = max(MIN_SAMPLE_BUCKET_NS, -(-(end - start) // points))  # ceiling division
-    batch_bucket_ns = max(MIN_BATCH_BUCKET_NS, bucket_ns)
+    batch_bucket_ns = max(MIN_BATCH_BUCKET_NS, bucket_ns)  # as `RunSeries.batch_bucket_s`
     batch_bucket_s = batch_bucket_ns / 1e9
     lanes = {
         lane.lane: LaneSeries(

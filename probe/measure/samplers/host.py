@@ -1,5 +1,5 @@
 """Host samples from psutil: CPU per core, iowait, steal, disk reads, memory, and the run's
-processes (each lane's process, its threads and its DataLoader workers).
+processes (each lane's process, its threads and its DataLoader workers, their memory).
 
 CPU figures are differences of cumulative counters between two samples, so every sample covers
 the interval since the previous one. A core's busy share leaves out idle, iowait and steal: steal
@@ -19,14 +19,19 @@ import psutil
 from probe.records import HostSample, LaneCpuSample, Unavailable
 
 SLOW_REFRESH_NS = 1_000_000_000  # process trees, thread counts, disk and memory: once a second
+BUSY_THREAD_SHARE = 0.10  # a thread using this share of a core or more is busy
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 @dataclass
 class _Tree:
+    """A process and its descendants, as last read (once a second)."""
+
     root_pid: int
     members: list[psutil.Process]
     threads: int
+    pss_mib: float | None = None  # the members' PSS together (lanes' trees only)
+    worker_threads: int | None = None  # the most busy threads of one member but the root
 
 
 class HostSampler:
@@ -53,6 +58,8 @@ class HostSampler:
         self._disk_read_mib_s: float | None = None
         self._memory_used_mib = psutil.virtual_memory().used / 2**20
         self._processes: dict[int, psutil.Process] = {}
+        self._pss_unavailable = False  # recorded once
+        self._thread_seconds: dict[tuple[int, int], float] = {}  # (pid, thread id) -> CPU s
         self._cpu_delta(self._process(self.root_pid))  # its time before now is not the run's
 
     def unavailable(self) -> list[Unavailable]:
@@ -79,6 +86,8 @@ class HostSampler:
                 main_thread_cpu_pct=100 * self._main_thread_delta(tree.root_pid) / seconds,
                 processes=len(tree.members),
                 threads=tree.threads,
+                pss_mib=tree.pss_mib,
+                worker_threads=tree.worker_threads,
             )
             for lane, tree in sorted(self._trees.items())
             if lane >= 0
@@ -100,7 +109,7 @@ class HostSampler:
         return host, lanes
 
     def _refresh_slow(self, t_ns: int) -> None:
-        self._refresh_trees()
+        self._refresh_trees((t_ns - self._slow_ns) / 1e9 if self._slow_ns else 0.0)
         disk = _disk_counters()
         if disk is not None and self._disk is not None and self._slow_ns:
             seconds = max((t_ns - self._slow_ns) / 1e9, 1e-6)
@@ -109,7 +118,8 @@ class HostSampler:
         self._memory_used_mib = psutil.virtual_memory().used / 2**20
         self._slow_ns = t_ns
 
-    def _refresh_trees(self) -> None:
+    def _refresh_trees(self, seconds: float) -> None:
+        """Reads the process trees again; `seconds` since the last reading (0 at the first)."""
         trees = {-1: self.root_pid, **self.lane_pids}
         before = {key: {p.pid: p for p in tree.members} for key, tree in self._trees.items()}
         self._trees = {}
@@ -122,7 +132,13 @@ class HostSampler:
             except psutil.Error:
                 members = [root]
             members = [self._processes.setdefault(p.pid, p) for p in members]
-            self._trees[key] = _Tree(pid, members, sum(_threads(p) for p in members))
+            threads = {p.pid: _threads(p) for p in members}
+            tree = _Tree(pid, members, sum(threads.values()))
+            if key >= 0:  # a lane's: its memory, and its DataLoader workers' busy threads
+                tree.pss_mib = self._pss_mib(members)
+                busy = [self._busy_threads(p, seconds) for p in members if p.pid != pid]
+                tree.worker_threads = max((n for n in busy if n is not None), default=None)
+            self._trees[key] = tree
         # A member gone from its tree ended and was reaped since the last reading: its parent's
         # counters of ended children now hold its whole time; take back what was counted of it.
         gone: dict[tuple[str, int, float], float] = {}
@@ -135,6 +151,51 @@ class HostSampler:
                     self._carry[key] = self._carry.get(key, 0.0) - gone[counted]
         for counted in gone:
             self._cpu_seconds.pop(counted, None)
+
+    def _busy_threads(self, process: psutil.Process, seconds: float) -> int | None:
+        """How many of a process's threads used BUSY_THREAD_SHARE of a core or more since the
+        last reading (None at its first): a DataLoader worker's own loop is one, its queue's
+        feeder threads idle; a dataset that starts threads of its own (OpenCV, BLAS, a pool)
+        shows them here."""
+        try:
+            threads = process.threads()
+        except psutil.Error:
+            return None
+        busy, seen = 0, False
+        for thread in threads:
+            key = (process.pid, thread.id)
+            spent = thread.user_time + thread.system_time
+            before = self._thread_seconds.get(key)
+            self._thread_seconds[key] = spent
+            if before is not None and seconds > 0:
+                seen = True
+                busy += (spent - before) / seconds >= BUSY_THREAD_SHARE
+        return busy if seen else None
+
+    def _pss_mib(self, members: list[psutil.Process]) -> float | None:
+        """The proportional set size of `members` together, in MiB (shared pages split among
+        the processes that share them); None where one cannot be read (no permission, or no
+        PSS on this platform), which is recorded once as unavailable. A member that ended
+        meanwhile counts for nothing."""
+        total = 0
+        for process in members:
+            try:
+                pss = getattr(process.memory_full_info(), "pss", None)
+            except psutil.NoSuchProcess:  # ended (or a zombie): nothing left to count
+                continue
+            except (psutil.Error, OSError, NotImplementedError) as error:
+                self._no_pss(f"a lane's process memory cannot be read ({type(error).__name__})")
+                return None
+            if pss is None:
+                self._no_pss("psutil gives no PSS on this platform")
+                return None
+            total += pss
+        return total / 2**20
+
+    def _no_pss(self, reason: str) -> None:
+        if not self._pss_unavailable:
+            self._pss_unavailable = True
+            self._unavailable.append(Unavailable("host", "", "pss_mib", reason))
 
     def _process(self, pid: int) -> psutil.Process | None:
         if pid not in self._processes:
