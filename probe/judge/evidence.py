@@ -9,6 +9,7 @@ from typing import Any
 
 from probe.judge.facts import LaneFacts
 from probe.judge.thresholds import (
+    DATALOADER_THREADS,
     STEAL_MOVES_PCT,
     STEP_CPU_SHARE,
     STEP_SLOWED,
@@ -242,19 +243,31 @@ def cores_evidence(facts: LaneFacts) -> list[Evidence]:
     return out
 
 
+def loader_threads(facts: LaneFacts) -> int:
+    """The threads the loader keeps busy at once: per worker its loop, and the busy threads
+    beyond a DataLoader worker's own two (its loop and its queue's feeder thread, which a
+    float32 batch keeps busy), which its dataset started."""
+    busy = facts.figures.worker_threads or 1
+    extra = max(0, busy - DATALOADER_THREADS)
+    return (facts.num_workers or 0) * (1 + extra)
+
+
 def threads_evidence(facts: LaneFacts) -> list[Evidence]:
     """The busy threads the loader runs against the cores the lane may use."""
-    threads = facts.figures.worker_threads
     if facts.backend != "torch" or not facts.num_workers:
         return []
-    per_worker = max(1, threads or 1)
-    busy = facts.num_workers * per_worker
-    each = f" x {per_worker} busy threads each" if per_worker > 1 else ""
+    per_worker = facts.figures.worker_threads or 1
+    extra = max(0, per_worker - DATALOADER_THREADS)
+    each = (
+        f" x {per_worker} busy threads each ({extra} beyond a worker's loop and queue thread)"
+        if extra
+        else ""
+    )
     text = (
-        f"num_workers={facts.num_workers}{each}: {busy} busy threads for "
+        f"num_workers={facts.num_workers}{each}: {loader_threads(facts)} threads at work for "
         f"{facts.cores_per_lane_text}"
     )
-    return [Evidence("busy_threads", float(busy), text)]
+    return [Evidence("busy_threads", float(loader_threads(facts)), text)]
 
 
 def memory_evidence(facts: LaneFacts) -> list[Evidence]:

@@ -22,6 +22,9 @@ DALI_WORTH_IT = 0.15  # a DALI migration must gain at least 15% over the best Da
 IMBALANCE = 0.15  # lanes' images/s differing by more than this share of the fastest
 STEP_STALL = 1.5  # mean step over median step: steps stall (the loop waits for CPU too)
 STEP_SLOWED = 0.05  # a step this much slower under the loader's load than alone: a finding
+# A DataLoader worker's own busy threads: its loop, and its queue's feeder thread (busy handing
+# over float32 batches); more are its dataset's (OpenCV, BLAS, a pool).
+DATALOADER_THREADS = 2
 STEP_CPU_SHARE = 0.25  # a step whose CPU time is this share of its time works on the CPU
 EPOCH_START_SHARE = 0.05  # epoch starts costing this share of the time are a finding
 LONGER_EPOCHS = 4  # "longer epochs" is predicted for epochs this many times as long

@@ -16,6 +16,7 @@ from probe.judge.evidence import (
     epoch_evidence,
     gpu_evidence,
     host_load_evidence,
+    loader_threads,
     memory_evidence,
     rate_evidence,
     shm_needed_mib,
@@ -297,12 +298,11 @@ def _host_findings(facts: LaneFacts) -> list[Verdict]:
         if severity is not Severity.NONE:
             why = [*slowdown_evidence(facts), *stage_evidence(facts), *cpu_evidence(facts)]
             finding(VerdictKind.NOISY_NEIGHBOUR, severity, why)
-    threads = max(1, facts.figures.worker_threads or 1)
     if (
         facts.backend == "torch"
         and facts.num_workers
         and facts.figures.batches
-        and facts.num_workers * threads > facts.cores_per_lane
+        and loader_threads(facts) > facts.cores_per_lane
     ):
         why = [*threads_evidence(facts), *cpu_evidence(facts)]
         finding(VerdictKind.CORES_OVERSUBSCRIBED, Severity.MODERATE, why)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from probe.judge.changes import Recommendation
 from probe.judge.results import EpochsRun, Session
-from probe.judge.thresholds import Severity
+from probe.judge.thresholds import KNEE_WITHIN, Severity
 from probe.judge.verdicts import Verdict
 from probe.metrics import (
     CPU,
@@ -169,10 +169,13 @@ def curve_lines(session: Session) -> list[str]:
     if curve is None or session.knob != "num_workers":
         return []
     knee = curve.knee(curve.settings())
+    close = curve.knee(curve.settings(), KNEE_WITHIN / 2)  # where the doctor aims
     return [
-        f"predicted from run {curve.run_id} (num_workers={curve.workers}): knee at "
-        f"num_workers={knee}, {IMAGES_PER_S.text(curve.images_per_s(knee))} (bound by the "
-        f"{curve.bound(knee)})",
+        f"predicted from run {curve.run_id} (num_workers={curve.workers}): within "
+        f"{KNEE_WITHIN:.0%} of its best from num_workers={knee}, "
+        f"{IMAGES_PER_S.text(curve.images_per_s(knee))}, and within {KNEE_WITHIN / 2:.1%} "
+        f"from num_workers={close}, {IMAGES_PER_S.text(curve.images_per_s(close))} (bound "
+        f"by the {curve.bound(close)})",
         f"its terms, measured: {curve.text}",
     ]
 
