@@ -8,17 +8,21 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import streamlit as st
 
 from probe import InputError
+from probe.judge.changes import Recommendation
 from probe.judge.diagnosis import RunDiagnosis, diagnose_run
-from probe.present.listing import run_rows
+from probe.judge.results import Session, read_session
+from probe.judge.thresholds import Severity
+from probe.judge.verdicts import Verdict, VerdictKind
+from probe.present.listing import run_rows, session_rows
 from probe.present.report import build_report, render
+from probe.present.tables import headline, recommendation_text
 from probe.store.db import Store, default_db_path
 from probe.store.documents import RunDocument, read_run
 from probe.store.series import latency_histogram, run_series
@@ -77,27 +81,84 @@ def document(db: str, run_id: str, version: str) -> RunDocument:
 
 @st.cache_data(max_entries=16, show_spinner=False)
 def run_view(db: str, run_id: str, version: str) -> dict[str, Any]:
-    """What the Run page shows: the run, its diagnosis, its series and its latency histogram,
-    read side by side (each mostly SQLite scanning, which lets go of the GIL)."""
-
-    def read(work: Callable[[Store], Any]) -> Any:
-        with Store(db) as connection:
-            return work(connection)
-
-    parts = {
-        "document": lambda s: read_run(s, run_id),
-        "diagnosis": lambda s: diagnose_run(s, run_id),
-        "series": lambda s: run_series(s, run_id),
-        "histogram": lambda s: latency_histogram(s, run_id),
-    }
-    with ThreadPoolExecutor(max_workers=len(parts)) as pool:
-        futures = {name: pool.submit(read, work) for name, work in parts.items()}
-        return {name: future.result() for name, future in futures.items()}
+    """What the Run page shows: the run, its diagnosis, its series and its latency histogram
+    (each a bounded read of the store's rollups, whatever the run's length)."""
+    with Store(db) as connection:
+        return {
+            "document": read_run(connection, run_id),
+            "diagnosis": diagnose_run(connection, run_id),
+            "series": run_series(connection, run_id),
+            "histogram": latency_histogram(connection, run_id),
+        }
 
 
 def version_of(run: dict[str, Any]) -> str:
     """What changes while a run goes on: its status and how far it got."""
     return f"{run['status']}:{run.get('images_per_s')}"
+
+
+@st.cache_data(ttl=2, show_spinner=False)
+def sessions_listing(db: str) -> list[dict[str, Any]]:
+    with Store(db) as connection:
+        return [row.__dict__ for row in session_rows(connection)]
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def session(db: str, session_id: str, version: str) -> Session:
+    """A stored session; `version` (its status) keys the cache."""
+    with Store(db) as connection:
+        return read_session(connection, session_id)
+
+
+def pick(rows: list[dict[str, Any]], what: str, describe: Callable[[dict[str, Any]], str]) -> str:
+    """A selectbox of the runs or sessions in `rows` (`what`: "run" or "session", the id's key
+    `what`_id, the page's parameter and the widget's key prefix): the one the address names,
+    else the newest, written back to the address. `rows` is not empty."""
+    by_id = {row[f"{what}_id"]: row for row in rows}
+    ids = list(by_id)
+    wanted = st.query_params.get(what)
+    if wanted and wanted not in by_id:
+        st.warning(f"No {what} {wanted} in the store; showing the newest.")
+        wanted = None
+    chosen = str(
+        st.selectbox(
+            what,
+            ids,
+            index=ids.index(wanted) if wanted else 0,
+            key=f"{what}-pick",
+            format_func=lambda chosen_id: describe(by_id[chosen_id]),
+        )
+    )
+    if chosen != st.query_params.get(what):
+        st.query_params[what] = chosen
+    return chosen
+
+
+def markdown_text(text: str) -> str:
+    """Text for st.markdown: its `code` marks kept, a dollar sign never read as LaTeX."""
+    return text.replace("$", "\\$")
+
+
+def verdict_box(verdict: Verdict) -> None:
+    """A verdict's headline in its colour: red or amber for starvation by its severity; the
+    pipeline alone (no consumer) in blue, as capacity, never as an alarm; else green."""
+    if verdict.kind is VerdictKind.PIPELINE_ONLY:
+        show = st.info
+    else:
+        show = {Severity.HIGH: st.error, Severity.MODERATE: st.warning}.get(
+            verdict.severity, st.success
+        )
+    show(markdown_text(headline(verdict)))
+
+
+def recommendation_list(recommendations: Sequence[Recommendation]) -> None:
+    """Ranked recommendations as a numbered list: each whole (the change, its images/s
+    predicted and verified), with its basis and notes under it."""
+    lines = []
+    for rank, item in enumerate(recommendations, 1):
+        lines.append(f"{rank}. **{markdown_text(recommendation_text(item))}**")
+        lines += [f"   - {markdown_text(text)}" for text in (item.basis, *item.notes)]
+    st.markdown("\n".join(lines))
 
 
 EXPORTS = (
@@ -107,22 +168,24 @@ EXPORTS = (
 )
 
 
-def export_buttons(db: str, subject: str, key: str) -> None:
-    """Download buttons for the report of a run or session, in each format; each report is
-    made when its button is clicked (an HTML report of a long run takes a second or two)."""
+@st.cache_data(max_entries=24, show_spinner="Preparing the report")
+def report_file(db: str, subject: str, version: str, form: str) -> str:
+    """A report of a run or session in one form, made once per subject and `version` (its
+    status and figures) and reused by every click."""
+    with Store(db) as connection:
+        return render(build_report(connection, subject), form)
 
-    def maker(form: str) -> Callable[[], str]:
-        def make() -> str:
-            with Store(db) as connection:
-                return render(build_report(connection, subject), form)
 
-        return make
-
+def export_buttons(db: str, subject: str, version: str, key: str) -> None:
+    """Download buttons for the report of a run or session, in each format. Each file is made
+    on its first click (an HTML report of a long run takes a second or two) and kept; a click
+    does not rerun the page, so the other buttons stay valid however fast they are clicked."""
     for column, (form, label, mime) in zip(st.columns(len(EXPORTS)), EXPORTS, strict=True):
         column.download_button(
             label,
-            maker(form),
+            functools.partial(report_file, db, subject, version, form),
             file_name=f"feedscope-{subject}.{form}",
             mime=mime,
             key=f"{key}-{form}",
+            on_click="ignore",
         )

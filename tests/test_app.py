@@ -16,13 +16,25 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from pipelines.sample_data import SampleParams, make_sample_dataset
+from probe.judge.changes import Recommendation
+from probe.judge.verdicts import Verdict
 from probe.metrics import DATA_WAIT, IMAGES_PER_S
-from probe.present.charts import SLOWEST_TITLE, slowest_line
+from probe.present import launch
+from probe.present.charts import (
+    CAPACITY_WAIT,
+    SLOWEST_TITLE,
+    STARTUP,
+    STARTUP_AND_WARMUP,
+    WARMUP,
+    slowest_line,
+)
 from probe.present.listing import running_runs
+from probe.present.tables import headline, recommendation_text
 from probe.records import RunStatus
 from probe.store.db import Store
 from probe.store.series import run_series, slowest_lanes
 
+PHASES = {STARTUP, WARMUP, STARTUP_AND_WARMUP}  # the shaded spans' labels
 APP = str(Path(__file__).resolve().parents[1] / "app" / "streamlit_app.py")
 
 
@@ -54,6 +66,8 @@ def app(
     monkeypatch.setenv("FEEDSCOPE_DB", str(db))
     # the pages see no GPU on any machine: their probes run on the CPU, as the stores' were
     monkeypatch.setattr("probe.measure.devices.cuda_devices", lambda: [])
+    # and a host of 2 cores, where Live tells a probe's progress in words unless asked for charts
+    monkeypatch.setattr("probe.measure.devices.host_cores", lambda: 2)
     at = AppTest.from_file(APP, default_timeout=60)
     if page is not None:
         at.switch_page(f"views/{page}.py")
@@ -106,28 +120,28 @@ def test_an_empty_store_offers_one_button_and_every_page_says_what_to_do(
     db = tmp_path / "store.db"
     at = app(monkeypatch, db)
     no_errors(at)
-    assert [b.label for b in at.button] == ["Run a probe on the built-in sample data"]
-    assert "No runs yet" in texts(at.info)[0]
+    assert [b.label for b in at.button] == ["Run the doctor on the built-in sample data"]
+    assert "No runs yet. Is your GPU waiting for data?" in texts(at.info)[0]
     for page, message in [
         ("live", "No probe is running now."),
         ("run", "No runs yet: start one on the Launch page, or from the Runs page."),
+        ("session", "No doctor or sweep session yet: start one on the Runs or the Launch page."),
         ("compare", "Two or more runs are needed to compare."),
     ]:
         at = app(monkeypatch, db, page)
         no_errors(at)
         assert texts(at.info) == [message]
-    at = app(monkeypatch, db, "compare")
-    at.radio(key="compare-mode").set_value("a sweep or doctor session").run()
-    assert "No sweep or doctor session yet" in texts(at.info)[0]
     at = app(monkeypatch, db, "launch")
     no_errors(at)
     assert at.multiselect(key="launch-devices").value == ["CPU"]  # no GPU seen: see app()
     assert [b.label for b in at.button] == ["Start"]
 
 
-def test_the_first_probe_button_measures_the_sample_data(
+def test_the_first_button_starts_the_doctor_as_the_cli_would(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, sample_cache: Path
 ) -> None:
+    """`probe doctor` with no flag but the devices: its consumer, budget and batch size are
+    the command's own (the whole first visit, followed to its answer, is the browser test's)."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(sample_cache))
     db = tmp_path / "store.db"
     at = app(monkeypatch, db)
@@ -135,21 +149,12 @@ def test_the_first_probe_button_measures_the_sample_data(
     no_errors(at)
     with Store(db) as store:
         (record,) = store.launches()
-    assert record.argv[:4] == ["run", "--pipeline", "torch", "--gpus"]
-    assert "--data" not in record.argv  # the built-in sample data
-    with Store(db) as store:
-        wait_for(lambda: _launch_ended(store, record.launch_id), 120, "the first probe")
-        (run,) = store.runs()
-        assert run.status is RunStatus.COMPLETED
-        assert store.launches()[0].status is RunStatus.COMPLETED
-    at = app(monkeypatch, db)
-    rows = table(at, "verdict")
-    assert [(row["run"], row["status"]) for row in rows] == [(run.run_id, "completed")]
+        assert record.argv == ["doctor", "--gpus", "none"]  # no GPU seen: see app()
+        launch.stop(store, record.launch_id)
+        wait_for(lambda: _launch_ended(store, record.launch_id), 60, "the doctor to stop")
 
 
 def _launch_ended(store: Store, launch_id: str) -> bool:
-    from probe.present import launch
-
     return any(
         x.launch_id == launch_id and x.status is not RunStatus.RUNNING
         for x in launch.launches(store)
@@ -184,7 +189,7 @@ def test_runs_lists_every_run_with_its_verdict_and_filters(
     assert [row["run"] for row in table(at, "verdict")] == [filled["two"]["run_id"]]
     at.multiselect(key="runs-pipeline").set_value(["dali"]).run()
     assert texts(at.info) == [f"None of the {len(rows)} runs matches these filters."]
-    assert not at.dataframe
+    assert [frame.key for frame in at.dataframe] == ["runs-sessions"]  # the sessions stay
 
 
 def test_the_run_page_shows_lanes_on_one_time_axis_and_the_diagnosis(
@@ -223,7 +228,7 @@ def test_the_run_page_shows_lanes_on_one_time_axis_and_the_diagnosis(
     assert len(waits) == 2
     assert all(len(values(t["x"])) > 0 for t in waits)
     # one time axis, the slowest-lane strip's (if a lane waited more than the other) included
-    rows = len(titles)
+    rows = len([title for title in titles if title not in PHASES])
     assert lanes_figure["layout"]["xaxis"]["matches"] == f"x{rows}"
     with Store(filled["db"]) as store:
         series = run_series(store, two["run_id"])
@@ -240,19 +245,66 @@ def test_the_run_page_shows_lanes_on_one_time_axis_and_the_diagnosis(
     assert "--gpus none --num-shards 2 --batch-size 8" in command
 
 
-def test_a_doctor_run_shows_the_sessions_ranked_recommendations(
+def test_a_run_of_a_doctor_session_shows_the_sessions_measured_recommendations(
     monkeypatch: pytest.MonkeyPatch, filled: dict[str, Any]
 ) -> None:
     doctor = filled["doctor"]
-    at = app(monkeypatch, filled["db"], "run", run=doctor["run_ids"][0])
+    for run_id in doctor["run_ids"]:  # its points, DALI's run and its verification alike
+        at = app(monkeypatch, filled["db"], "run", run=run_id)
+        no_errors(at)
+        shown = "\n".join(texts(at.markdown))
+        assert f"the doctor session's, measured: {doctor['session_id']}" in shown
+        for rank, item in enumerate(doctor["recommendations"], 1):
+            text = recommendation_text(Recommendation.from_json(item))
+            assert f"{rank}. **{text}**" in shown
+
+
+def test_the_session_page_gives_the_doctors_answer_and_its_curve(
+    monkeypatch: pytest.MonkeyPatch, filled: dict[str, Any]
+) -> None:
+    doctor = filled["doctor"]
+    at = app(monkeypatch, filled["db"], "session", session=doctor["session_id"])
     no_errors(at)
-    shown = table(at, "predicted images/s")
-    assert [row["change"] for row in shown] == [r["setting"] for r in doctor["recommendations"]]
-    top = doctor["recommendations"][0]
-    assert shown[0]["predicted images/s"] == IMAGES_PER_S.cell(
-        top["predicted_images_per_s"], top["predicted_error"]
+    assert at.selectbox(key="session-pick").value == doctor["session_id"]
+    verdict = Verdict.from_json(doctor["verdict"])
+    assert headline(verdict) in texts(at.error) + texts(at.warning) + texts(at.success)
+    shown = "\n".join(texts(at.markdown))
+    top = Recommendation.from_json(doctor["recommendations"][0])
+    assert f"1. **{recommendation_text(top)}**" in shown
+    metrics = {m.label: m.value for m in at.metric}
+    yours = next(p for p in doctor["sweep"] if p["run_id"] == doctor["verdict"]["run_id"])
+    assert metrics[f"yours, num_workers={yours['num_workers']}"] == IMAGES_PER_S.cell(
+        yours["images_per_s"], yours["images_per_s_error"]
     )
-    assert any(doctor["session_id"] in text for text in texts(at.markdown))
+    dali = doctor["dali"]
+    assert any(label.startswith("DALI, ") for label in metrics)
+    points = [p for p in table(at, "num_workers") if not p[""].startswith("not run")]
+    assert [p["num_workers"] for p in points] == [str(p["num_workers"]) for p in doctor["sweep"]]
+    (curve,) = charts(at)
+    knee = doctor["knee"]["num_workers"]
+    (marked,) = [trace for trace in curve["data"] if trace.get("name") == "knee"]
+    assert values(marked["x"]) == [knee]
+    if dali["images_per_s"] is not None:
+        line = f"{dali['setting']}: {dali['images_per_s']:,.0f} images/s"
+        assert [a["text"] for a in curve["layout"]["annotations"]] == [line]
+    runs = table(at, "what")
+    assert {row["run"] for row in runs} == set(doctor["run_ids"])
+    labels = [button.proto.label for button in at.get("download_button")]
+    assert labels == ["HTML report", "Markdown summary", "JSON (everything)"]
+
+
+def test_runs_lists_the_sessions_with_their_answers(
+    monkeypatch: pytest.MonkeyPatch, filled: dict[str, Any]
+) -> None:
+    at = app(monkeypatch, filled["db"])
+    no_errors(at)
+    rows = table(at, "answer")
+    doctor, sweep = filled["doctor"], filled["sweep"]
+    assert [row["session"] for row in rows] == [sweep["session_id"], doctor["session_id"]]
+    assert rows[1]["answer"] == headline(Verdict.from_json(doctor["verdict"]))
+    top = Recommendation.from_json(doctor["recommendations"][0])
+    assert rows[1]["top recommendation"] == recommendation_text(top)
+    assert rows[0]["answer"] == f"knee at num_workers={sweep['knee']['num_workers']}"
 
 
 def test_a_failed_run_shows_what_it_recorded_and_why_it_failed(
@@ -268,7 +320,7 @@ def test_a_failed_run_shows_what_it_recorded_and_why_it_failed(
     assert [row["status"] == "failed" for row in lanes] == [lane == bad for lane in (0, 1)]
     assert "zz_truncated.jpg" in lanes[bad]["reason"]
     assert lanes[1 - bad]["batches"] == "8"
-    shown = texts(at.error) + texts(at.warning) + texts(at.success)
+    shown = texts(at.error) + texts(at.warning) + texts(at.success) + texts(at.info)
     assert any(text.endswith("partial: the run did not complete") for text in shown)
     assert len(charts(at)) >= 2  # lane 0's batches are kept and drawn
 
@@ -306,26 +358,6 @@ def test_compare_puts_dataloader_and_dali_runs_side_by_side(
     assert texts(at.info) == ["Pick two or more runs."]
 
 
-def test_compare_shows_the_sweep_curve_with_its_knee(
-    monkeypatch: pytest.MonkeyPatch, filled: dict[str, Any]
-) -> None:
-    doctor = filled["doctor"]
-    at = app(monkeypatch, filled["db"], "compare")
-    at.radio(key="compare-mode").set_value("a sweep or doctor session").run()
-    no_errors(at)
-    assert at.selectbox(key="compare-session").value == filled["sweep"]["session_id"]  # newest
-    at.selectbox(key="compare-session").set_value(doctor["session_id"]).run()
-    points = [p for p in table(at, "num_workers") if not p[""].startswith("not run")]
-    assert [p["num_workers"] for p in points] == [str(p["num_workers"]) for p in doctor["sweep"]]
-    (curve,) = charts(at)
-    knee = doctor["knee"]["num_workers"]
-    (marked,) = [trace for trace in curve["data"] if trace.get("name") == "knee"]
-    assert values(marked["x"]) == [knee]
-    dali = f"{doctor['dali']['setting']}: {doctor['dali']['images_per_s']:,.0f} images/s"
-    assert [a["text"] for a in curve["layout"]["annotations"]] == [dali]
-    assert any(doctor["verdict"]["title"] in text for text in texts(at.markdown))
-
-
 def test_no_page_lets_html_through() -> None:
     """Streamlit shows markup in labels and paths as text unless a page allows HTML."""
     pages = Path(APP).parent
@@ -341,17 +373,15 @@ def test_launch_refuses_a_bad_form_before_anything_starts(
 ) -> None:
     db = tmp_path / "store.db"
     at = app(monkeypatch, db, "launch")
-    at.text_input(key="launch-data").input(str(tmp_path / "missing"))
-    at.text_input(key="launch-consumer").input("sleep:soon")
+    at.text_input(key="launch-run-data").input(str(tmp_path / "missing"))
+    at.text_input(key="launch-run-consumer").input("sleep:soon")
     at.button[0].click().run()
     assert not at.exception
     errors = texts(at.error)
     assert any("missing" in text for text in errors)
     assert any("sleep:soon" in text for text in errors)
     at.radio(key="launch-command").set_value("doctor").run()
-    at.text_input(key="launch-data").input("")
-    at.text_input(key="launch-consumer").input("sleep:30")
-    at.number_input(key="launch-budget").set_value(3.0)
+    at.number_input(key="launch-doctor-budget").set_value(3.0)
     at.button[0].click().run()
     (problem,) = texts(at.error)
     assert problem.startswith("--budget 3 s cannot fit one trustworthy point")
@@ -364,11 +394,11 @@ def test_launch_starts_a_probe_refuses_a_second_follows_it_live_and_stops_it(
 ) -> None:
     db = tmp_path / "store.db"
     at = app(monkeypatch, db, "launch")
-    at.text_input(key="launch-data").input(str(photos))
-    at.number_input(key="launch-batch").set_value(8)
-    at.number_input(key="launch-workers").set_value(1)
-    at.number_input(key="launch-duration").set_value(120.0)
-    at.text_input(key="launch-label").input("from-the-page")
+    at.text_input(key="launch-run-data").input(str(photos))
+    at.number_input(key="launch-run-batch-size").set_value(8)
+    at.number_input(key="launch-run-workers").set_value(1)
+    at.number_input(key="launch-run-duration").set_value(120.0)
+    at.text_input(key="launch-run-label").input("from-the-page")
     at.button[0].click().run()
     no_errors(at)
     assert texts(at.success)[0].startswith("Started launch-")
@@ -387,10 +417,11 @@ def test_launch_starts_a_probe_refuses_a_second_follows_it_live_and_stops_it(
         wait_for(lambda: len(store.batches(run.run_id, 0)) > 10, 60, "measured batches")
     live = app(monkeypatch, db, "live")
     no_errors(live)
-    assert live.selectbox(key="live-pick").value == run.run_id
+    assert f"Recording run {run.run_id}" in texts(live.info)[0]
+    live.toggle(key="live-charts").set_value(True).run()  # this host is small: charts on ask
     first = charts(live)
     assert len(first) == 3  # lanes, throughput, CPU heat strip
-    assert "data-wait %" in trace_names(first[0])
+    assert CAPACITY_WAIT in trace_names(first[0])  # no consumer: its capacity
     time.sleep(1.5)
     live.run()  # reads only what was recorded since
     assert len(charts(live)) == 3

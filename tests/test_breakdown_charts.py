@@ -16,7 +16,14 @@ from probe.present import charts
 from probe.present.report import build_report, render, stage_grid
 from probe.store.db import Store
 from probe.store.documents import LaneDocument, RunDocument
-from probe.store.series import LaneSeries, RunSeries, slowest_lanes
+from probe.store.series import (
+    Band,
+    CpuStrip,
+    GpuSeries,
+    LaneSeries,
+    RunSeries,
+    slowest_lanes,
+)
 
 # CPU ms per image of each stage: decoding 4, crop and resize 2, the others 4 between them
 _REST = 4.0 / (len(STAGES) - 2)
@@ -179,6 +186,53 @@ def test_the_lanes_timelines_mark_the_slowest_lane_of_each_interval() -> None:
     assert {trace.yaxis for trace in strip} == {"y3"}
     assert figure.layout.xaxis3.title.text == charts.TIME_AXIS  # the strip shares the time axis
     assert figure.layout.xaxis.matches == "x3"
+
+
+# --- start-up and warm-up, shaded on every timeline --------------------------------------------
+
+
+def late(series: RunSeries, by_s: float) -> RunSeries:
+    """`series` whose lanes measured from `by_s` on: before, the run started and warmed up."""
+    lanes = [replace(lane, t_s=[t + by_s for t in lane.t_s]) for lane in series.lanes]
+    times = [0.5 * i for i in range(20)]
+    strip = CpuStrip(times, [[50.0] * 20, [80.0] * 20], [65.0] * 20)
+    band = Band(times, [40.0] * 20, [50.0] * 20, [60.0] * 20)
+    gpu = GpuSeries("GPU-0", "GPU 0 (NVIDIA H200)", "SM activity (GPM)", band, band, band, band)
+    span = (0.0, series.span_s[1] + by_s)
+    return replace(series, lanes=lanes, gpus=[gpu], cpu=strip, span_s=span)
+
+
+def bands(figure: Any) -> dict[tuple[float, float], int]:
+    """The shaded spans of a figure: (from, to) and on how many of its plots."""
+    spans: dict[tuple[float, float], int] = {}
+    for shape in figure.layout.shapes:
+        if shape.type == "rect" and shape.xref.startswith("x"):
+            spans[(shape.x0, shape.x1)] = spans.get((shape.x0, shape.x1), 0) + 1
+    return spans
+
+
+def test_the_timelines_shade_the_start_up_and_the_warm_up() -> None:
+    series = late(series_of([0.1, 0.5, 0.2], [0.2, 0.1, 0.3]), by_s=4.0)  # measured from 4 s
+    warmed = [replace(doc, figures=replace(doc.figures, warmup_s=3.0)) for doc in
+              (lane(0, None), lane(1, None))]  # fmt: skip
+    assert charts.run_phases(series, warmed) == [
+        charts.Phase("start-up", 0.0, 1.0),
+        charts.Phase("warm-up", 1.0, 4.0),
+    ]
+    drawn = charts.run_figures(series, None, warmed)
+    assert len(drawn) == 4  # lanes, throughput, GPUs, CPU per core
+    plots = [2 + 1, 2, 3, 1]  # lanes and the slowest-lane strip; images/s, latency; busy,
+    # decoder, memory; the heat strip
+    for figure, count in zip(drawn, plots, strict=True):
+        assert bands(figure) == {(0.0, 1.0): count, (1.0, 4.0): count}
+        labels = [a.text for a in figure.layout.annotations]
+        assert labels.count("start-up") == labels.count("warm-up") == 1
+    heat = drawn[-1]
+    assert {shape.layer for shape in heat.layout.shapes} == {"above"}  # over the heatmap
+    # without the lanes' warm-up lengths: one stretch; a live window past the start: none
+    assert charts.run_phases(series) == [charts.Phase("start-up and warm-up", 0.0, 4.0)]
+    assert charts.run_phases(replace(series, span_s=(300.0, 600.0)), warmed) == []
+    assert charts.run_phases(series_of([0.1, 0.2]), warmed) == []  # measured from the start
 
 
 # --- the reports -------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """The dashboard in a real browser: `streamlit run app` headless, driven through Debian's
-Chromium by Playwright. A probe is launched from the Launch page on the built-in sample data,
-followed on the Live page, and its result and diagnosis read on the Run page. Screenshots of
-both pages are kept in `.artifacts/`.
+Chromium by Playwright. A first visit, on an empty store: the doctor started by its one button
+on the built-in sample data, followed on the Live page, its answer read on the Session page and
+checked against `probe show last` and `probe report last`. Screenshots of each step are kept in
+`.artifacts/`.
 
 Without Chromium (or Playwright) the test is skipped, unless FEEDSCOPE_REQUIRE_BROWSER=1 (CI
 sets it), which turns the skip into an error.
@@ -9,6 +10,7 @@ sets it), which turns the skip into an error.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -17,14 +19,22 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import psutil
 import pytest
 
-from helpers import CHROMIUM_ARGS, chromium
+from helpers import CHROMIUM_ARGS, chromium, probe_cli
+from probe.judge.changes import Recommendation
+from probe.judge.results import read_session
+from probe.judge.verdicts import Verdict
+from probe.present.tables import headline, recommendation_text
 from probe.records import RunStatus
 from probe.store.db import Store
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Download, Page
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / ".artifacts"
@@ -91,9 +101,12 @@ def dashboard(tmp_path: Path, sample_cache: Path) -> Iterator[tuple[str, Path]]:
                     subprocess.run(["kill", str(record.pid)], check=False)
 
 
-def test_a_probe_launched_in_the_browser_shows_its_result_and_diagnosis(
+def test_a_first_visit_runs_the_doctor_and_lands_on_its_answer(
     dashboard: tuple[str, Path],
 ) -> None:
+    """From an empty store: the one button, the doctor followed on Live from point to point,
+    its answer on the Session page, the same answer from `probe show last` and `probe report
+    last`, the three exports clicked in quick succession, and its run of your setting."""
     from playwright.sync_api import expect, sync_playwright
 
     url, db = dashboard
@@ -105,41 +118,74 @@ def test_a_probe_launched_in_the_browser_shows_its_result_and_diagnosis(
         hosts: set[str] = set()
         page.on("request", lambda request: hosts.add(urlsplit(request.url).hostname or ""))
 
-        page.goto(f"{url}/launch")
-        expect(page.get_by_role("heading", name="Launch")).to_be_visible()
-        duration = page.get_by_label("seconds measured per lane", exact=True)
-        duration.fill("6")
-        page.get_by_label("batch size", exact=True).fill("32")
-        page.get_by_label("label", exact=True).fill("in-the-browser")
-        page.get_by_role("button", name="Start").click()
-        expect(page.get_by_text("Started launch-")).to_be_visible()
+        page.goto(url)
+        expect(page.get_by_text("Is your GPU waiting for data?")).to_be_visible()
+        start = page.get_by_role("button", name="Run the doctor on the built-in sample data")
+        expect(start).to_be_visible()
+        page.screenshot(path=str(ARTIFACTS / "1-first-visit.png"), full_page=True)
+        start.click()
 
-        page.get_by_role("link", name="Follow it on the Live page").click()
-        expect(page.get_by_text("Data-wait against").filter(visible=True).first).to_be_visible(
-            timeout=120_000
-        )
-        page.screenshot(path=str(ARTIFACTS / "live-page.png"), full_page=True)
+        expect(page.get_by_role("heading", name="Live")).to_be_visible()
+        expect(page.get_by_text("1 point(s) so far").first).to_be_visible(timeout=180_000)
+        expect(page.get_by_text("Processes now").first).to_be_visible(timeout=60_000)
+        page.screenshot(path=str(ARTIFACTS / "2-live-doctor.png"), full_page=True)
 
-        ended = page.get_by_role("link", name="Open run")
-        expect(ended).to_be_visible(timeout=120_000)
+        expect(page.get_by_role("heading", name="Its runs")).to_be_visible(timeout=240_000)
+        expect(page.get_by_text("Recommendations (measured by the doctor")).to_be_visible()
+        expect(page.locator(".js-plotly-plot .main-svg").first).to_be_visible()
+        page.screenshot(path=str(ARTIFACTS / "3-session-answer.png"), full_page=True)
+        session = _the_answer_agrees(page, db)
+        _download_all(page, session)
+
         with Store(db) as store:
-            (run,) = store.runs()
-        assert run.status is RunStatus.COMPLETED
-        assert run.label == "in-the-browser"
-        ended.click()
-
+            yours = read_session(store, session).verdict_run_id
+        page.get_by_role("link", name=f"Open run {yours}").click()
         expect(page.get_by_role("heading", name="Diagnosis")).to_be_visible()
-        expect(page.get_by_text(f"{run.run_id}: torch, consumer none")).to_be_visible()
-        expect(page.get_by_text("the pipeline alone: its capacity")).to_be_visible()
-        expect(page.get_by_text("Data-wait against").filter(visible=True).first).to_be_visible()
-        expect(page.get_by_role("button", name="JSON (everything)")).to_be_visible()
-        assert f"run={run.run_id}" in page.url
-        page.screenshot(path=str(ARTIFACTS / "run-page.png"), full_page=True)
-        with page.expect_download() as download:
-            page.get_by_role("button", name="HTML report").click()
-        saved = Path(download.value.path())
-        text = saved.read_text()
-        assert download.value.suggested_filename == f"feedscope-{run.run_id}.html"
-        assert text.startswith("<!DOCTYPE html>") and f"Run {run.run_id}" in text
+        basis = f"the doctor session's, measured: {session}"
+        expect(page.get_by_text(basis)).to_be_visible()
+        page.screenshot(path=str(ARTIFACTS / "4-run-page.png"), full_page=True)
         browser.close()
     assert hosts == {"localhost"}  # no usage statistics, no fonts or scripts from elsewhere
+
+
+def _the_answer_agrees(page: Page, db: Path) -> str:
+    """The Session page's answer is `probe show last --json`'s (the doctor's document), and
+    `probe show last` and `probe report last` give the same; the session's id."""
+    from playwright.sync_api import expect
+
+    with Store(db) as store:
+        (session,) = store.sessions()
+        launches = store.launches()
+    assert [x.argv for x in launches] == [["doctor", "--gpus", "none"]]
+    assert f"session={session.session_id}" in page.url
+    shown = json.loads(probe_cli("show", "last", "--db", db, "--json").stdout)
+    assert shown["session_id"] == session.session_id
+    top = Recommendation.from_json(shown["recommendations"][0])
+    expect(page.get_by_text(recommendation_text(top))).to_be_visible()
+    expect(page.get_by_text(headline(Verdict.from_json(shown["verdict"])))).to_be_visible()
+    text = probe_cli("show", "last", "--db", db).stdout
+    assert f"1. {top.setting}: {top.action}" in text
+    report = probe_cli("report", "last", "--db", db).stdout.replace("\\", "")  # md escapes
+    assert f"feedscope: doctor session {session.session_id}" in report
+    assert top.setting in report and top.action in report
+    return session.session_id
+
+
+def _download_all(page: Page, session: str) -> None:
+    """The three exports, clicked one after the other without waiting: three files."""
+    labels = ("HTML report", "Markdown summary", "JSON (everything)")
+    files: list[Download] = []
+    page.on("download", lambda download: files.append(download))  # noqa: PLW0108 (a bound builtin: Playwright cannot wrap it)
+    for label in labels:
+        page.get_by_role("button", name=label).click()
+    for _ in range(120):
+        if len(files) == len(labels):
+            break
+        page.wait_for_timeout(500)
+    assert len(files) == len(labels), [f.suggested_filename for f in files]
+    names = sorted(f.suggested_filename for f in files)
+    assert names == sorted(f"feedscope-{session}.{form}" for form in ("html", "md", "json"))
+    by_form = {f.suggested_filename.rsplit(".", 1)[1]: Path(f.path()).read_text() for f in files}
+    assert by_form["html"].startswith("<!DOCTYPE html>") and session in by_form["html"]
+    assert f"doctor session {session}" in by_form["md"]
+    assert json.loads(by_form["json"])["session"]["session_id"] == session

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import io
 import json
 import os
 import shlex
@@ -332,3 +333,48 @@ def test_a_launch_form_writes_the_flags_its_check_reads(
     (problem,) = check(doctor)
     assert problem.startswith("--budget 3 s cannot fit one trustworthy point")
     assert check(replace(form, consumer="sleep:soon", batch_size=0)) != []
+
+
+def test_a_session_points_stored_length_is_no_flag_of_the_users(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from probe.present.options import reproduce_command
+
+    config = parsed(monkeypatch, ["probe", "run", "--data", str(tmp_path), "--gpus", "none"])
+    # a sweep's point as stores before `max_s` kept it: the session's cap in `duration_s`
+    old = stored(replace(config, duration_s=7.233161, precision=None))
+    del old["max_s"]
+    point = reproduce_command({"kind": "probe", "config": old}, of_session=True)
+    assert point is not None
+    words = shlex.split(point)
+    assert "--duration" not in words and "--batches" not in words
+    assert parsed(monkeypatch, words).duration_s is None  # measured until precise
+    mine = reproduce_command({"kind": "probe", "config": old})  # a run of the user's: as given
+    assert mine is not None and "--duration 7.23 " in mine
+
+
+def test_probe_runs_keeps_each_id_whole(small_data: Path, tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from probe.present.terminal import runs_table
+    from probe.store.db import Store
+    from probe.store.documents import read_run
+
+    db = str(tmp_path / "store.db")
+    ids = []
+    for label in ("a label long enough to crowd the other columns out of the table " * 2, ""):
+        ran = probe("run", "--data", str(small_data), "--db", db, "--gpus", "none", *TINY_RUN,
+                    "--label", label, "--json")  # fmt: skip
+        assert ran.returncode == 0, ran.stderr
+        ids.append(json.loads(ran.stdout)["run_id"])
+    listed = probe("runs", "--db", db)  # stdout: a pipe
+    assert listed.returncode == 0, listed.stderr
+    assert all(run_id in listed.stdout for run_id in ids), listed.stdout
+    with Store(db) as store:
+        table = runs_table([read_run(store, run_id) for run_id in ids])
+    for columns in (40, 60, 80, 120):
+        written = io.StringIO()
+        Console(width=columns, file=written).print(table)
+        shown = written.getvalue()
+        assert all(run_id in shown for run_id in ids), shown
+        assert "images/s" in shown and "…" not in shown  # the rest wraps: nothing cut either

@@ -4,9 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from probe.records import BatchEvent, GpuSample, LaneRecord, RunRecord, RunStatus
+from probe.records import (
+    BatchEvent,
+    GpuSample,
+    HostSample,
+    LaneCpuSample,
+    LaneRecord,
+    RunRecord,
+    RunStatus,
+)
 from probe.store.db import Store
-from probe.store.series import latency_histogram, run_series
+from probe.store.series import LiveSeries, latency_histogram, run_series
 
 
 def test_an_hour_downsampled_keeps_a_single_sample_dip_and_spike(tmp_path: Path) -> None:
@@ -67,3 +75,60 @@ def test_the_latency_histogram_gathers_rare_stalls_in_its_last_bin(tmp_path: Pat
     starts, counts = histogram.lanes[0]
     assert sum(counts) == 101
     assert dict(zip(starts, counts, strict=True)) == {2.0: 1, 10.0: 99, 15.0: 1}
+
+
+def test_a_live_view_of_a_long_run_reads_its_window_alone(tmp_path: Path) -> None:
+    second = 1_000_000_000
+    uuids = ("GPU-a", "GPU-b")
+
+    def write(store: Store, first: int, last: int) -> None:  # seconds [first, last) at 10 Hz
+        ticks = range(first * 10, last * 10)
+        store.add_gpu_samples("live", [
+            GpuSample(t * second // 10, u, float(t % 97), None, None, 1.0, None, 5.0, None,
+                      None, None, None)
+            for t in ticks for u in uuids
+        ])  # fmt: skip
+        store.add_batches("live", [
+            BatchEvent(lane, t, t * second // 10 + lane, 0.01 * (t % 5), 0.05, 8, t < 5)
+            for t in ticks for lane in (0, 1)
+        ])  # fmt: skip
+        store.add_lane_cpu("live", [
+            LaneCpuSample(t * second // 10, lane, float(t % 13), 50.0, 40.0, 2, 9)
+            for t in ticks for lane in (0, 1)
+        ])  # fmt: skip
+        store.add_host_samples("live", "h", [
+            HostSample(t * second // 10, 50.0, (float(t % 7), 20.0), 0.0, 0.0, None, None, None,
+                       None)
+            for t in ticks
+        ])  # fmt: skip
+
+    def everything(store: Store, window_s: float) -> LiveSeries:
+        """A live view fed every row of the run, as it would be by reading them all."""
+        live = LiveSeries("live", window_s)
+        live.start_ns = store.run("live").started_ns
+        for table in live.cursors:
+            rows = sorted(store.query(f"SELECT * FROM {table} WHERE run_id = 'live'"),
+                          key=lambda row: row["t_ns"])  # fmt: skip
+            live.cursors[table] = rows[-1]["t_ns"]
+            getattr(live, f"_add_{table}")(rows)
+        live._forget_old()
+        return live
+
+    with Store(tmp_path / "s.db") as store:
+        run = RunRecord(
+            "live", "watch", "2026-11-21T00:00:00Z", RunStatus.RUNNING, None, "torch", "none",
+            None, {}, {"gpus": []}, "h", None, 0, None,
+        )  # fmt: skip
+        lanes = [
+            LaneRecord("live", lane, lane, uuid, lane, 2, "h", None, RunStatus.RUNNING, None, None)
+            for lane, uuid in enumerate(uuids)
+        ]
+        store.create_run(run, lanes)
+        write(store, 0, 1800)
+        live = LiveSeries("live", window_s=60)
+        read = live.update(store)
+        assert read <= 7 * 10 * 125  # 7 rows a tick, the window and a minute more
+        assert live.series(store) == everything(store, 60).series(store)
+        write(store, 1800, 1830)
+        assert live.update(store) == 7 * 10 * 30  # what came since, alone
+        assert live.series(store) == everything(store, 60).series(store)

@@ -3,16 +3,23 @@ HTML opened in Chromium with the network blocked, and a hostile folder and label
 
 from __future__ import annotations
 
+import html
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from helpers import CHROMIUM_ARGS, HOSTILE_FOLDER, HOSTILE_LABEL, chromium, probe_cli
+from probe.judge.changes import Recommendation, workers
+from probe.judge.evidence import Evidence
 from probe.metrics import IMAGES_PER_S
-from probe.present.report import REPORT_SCHEMA
+from probe.present import charts
+from probe.present.report import REPORT_SCHEMA, Report, build_report, render
+from probe.present.tables import SHORT, doctor_lines, recommendation_grid, recommendation_notes
+from probe.store.db import Store
 
 CHROMIUM, MISSING = chromium()
 
@@ -200,3 +207,87 @@ def test_check_refuses_bad_thresholds(
     assert result.returncode == 2
     assert result.stderr.startswith(message)
     assert result.stderr.count("\n") == 1
+
+
+# --- what the reports say, and how -------------------------------------------------------------
+
+
+def built(filled: dict[str, Any], subject: str) -> Report:
+    with Store(filled["db"]) as store:
+        return build_report(store, subject)
+
+
+def shown_text(page: str) -> str:
+    """What a page shows as text: no scripts, no preformatted command or configuration."""
+    page = re.sub(r"<script.*?</script>|<pre>.*?</pre>", " ", page, flags=re.DOTALL)
+    return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", page)).split())
+
+
+def test_code_marks_are_code_not_backticks(filled_store: dict[str, Any]) -> None:
+    report = built(filled_store, filled_store["two"]["run_id"])
+    marked = Evidence("sweep", 0.0, "run `probe sweep --values 1,2` to see the knee")
+    advice = Recommendation("try more workers, then `probe doctor` to check", workers(2),
+                            None, "estimated: `probe doctor` measures it")  # fmt: skip
+    diagnosis = replace(report.diagnosis, recommendations=(advice,),
+                        verdict=replace(report.verdict, evidence=(marked,)))  # fmt: skip
+    report = replace(report, diagnosis=diagnosis)
+    page = render(report, "html")
+    assert "<li>run <code>probe sweep --values 1,2</code> to see the knee</li>" in page
+    assert "<code>probe doctor</code> to check" in page
+    assert "`" not in shown_text(page)
+    summary = render(report, "md")
+    assert "- run `probe sweep --values 1,2` to see the knee" in summary
+    assert "then `probe doctor` to check" in summary
+    assert "\\`" not in summary
+
+
+@pytest.mark.parametrize("which", ["doctor", "two", "failed", "sweep", "hostile"])
+def test_nothing_unknown_reads_none(filled_store: dict[str, Any], which: str) -> None:
+    subject = filled_store[which].get("session_id") or filled_store[which]["run_id"]
+    report = built(filled_store, subject)
+    page, summary = shown_text(render(report, "html")), render(report, "md")
+    for text in (page, summary):
+        assert re.search(r"\bNone\b", text) is None
+    assert "driver not found (no GPU sampled)" in page  # these runs sampled no GPU
+    assert "driver not found (no GPU sampled)" in summary
+    session = report.session
+    if session is not None:
+        unanswered = replace(session, verdict=None, reason=None)
+        assert doctor_lines(unanswered) == [f"session {session.session_id}: no answer"]
+
+
+def test_long_cells_are_short_and_whole_under_the_table(filled_store: dict[str, Any]) -> None:
+    action = "raise num_workers from 1 to 2: the smallest setting within 5% of the best measured"
+    basis = "measured in a sweep: num_workers=2 gave 222 images/s, within 5% of the best"
+    advice = Recommendation(action, workers(2), 222.0, basis, notes=("frees a core",))
+    grid = recommendation_grid([advice])
+    (row,) = grid.records()
+    assert (row["what"], row["basis"]) == ("raise num_workers from 1 to 2…", "measured in a sweep…")
+    assert all(len(cell) <= SHORT for cell in grid.rows[0])
+    (whole,) = recommendation_notes([advice])
+    assert whole == f"num_workers=2: {action}; basis: {basis}; frees a core"
+    report = built(filled_store, filled_store["two"]["run_id"])
+    page = render(replace(report, diagnosis=replace(report.diagnosis, recommendations=(advice,))),
+                  "html")  # fmt: skip
+    assert html.escape(whole, quote=True) in page
+
+
+def test_a_sweep_report_marks_its_knee_inside_the_plot(filled_store: dict[str, Any]) -> None:
+    report = built(filled_store, filled_store["sweep"]["session_id"])
+    session = report.session
+    assert session is not None and report.session_point
+    measured = session.points[0]
+    points = tuple(replace(measured, setting=setting) for setting in (1, 4, 8))
+    for knee, side in zip(points, ("right", "center", "left"), strict=True):
+        figure = charts.sweep_curve(replace(session, points=points, knee=knee))
+        (marked,) = [trace for trace in figure.data if trace.name == "knee"]
+        assert (marked.textposition, marked.cliponaxis) == (f"top {side}", False)
+    # the session's point is measured again as the session measured it: until precise
+    command = report.to_json()["reproduce"]
+    assert "--precision" in command and "--duration" not in command
+
+
+def test_compared_runs_say_each_setting_then_its_figure(filled_store: dict[str, Any]) -> None:
+    report = built(filled_store, filled_store["doctor"]["session_id"])
+    figure = charts.compare_bars(report.runs)
+    assert {trace.hovertemplate.split("%{y")[0] for trace in figure.data} == {"%{x}: "}

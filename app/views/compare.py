@@ -1,4 +1,4 @@
-"""Compare: runs side by side, or a sweep or doctor session with its curve and knee."""
+"""Compare: runs side by side."""
 
 from __future__ import annotations
 
@@ -7,13 +7,8 @@ from typing import Any
 import streamlit as st
 
 from app import common
-from probe.judge.results import SessionKind, read_session
 from probe.present import charts as figures
-from probe.present.tables import (
-    brief_grid,
-    doctor_lines,
-    point_grid,
-)
+from probe.present.tables import brief_grid
 from probe.store.documents import RunBrief
 
 
@@ -52,52 +47,15 @@ def compare_runs(db: str, rows: list[dict[str, Any]]) -> None:
             st.caption("These runs fed different consumers: compare runs of one consumer.")
 
 
-def compare_session() -> None:
-    with common.store() as store:
-        sessions = store.sessions()
-    if not sessions:
-        st.info(
-            "No sweep or doctor session yet: `probe sweep`, `probe doctor`, or the Launch page."
-        )
-        return
-    chosen = st.selectbox(
-        "session",
-        [s.session_id for s in sessions],
-        key="compare-session",
-        format_func=lambda sid: next(
-            f"{s.session_id} ({s.status.value}, consumer {s.document.get('consumer')})"
-            for s in sessions
-            if s.session_id == sid
-        ),
-    )
-    with common.store() as store:
-        session = read_session(store, str(chosen))
-    common.export_buttons(common.db_path(), str(chosen), "compare-export")
-    if session.points:
-        st.plotly_chart(figures.sweep_curve(session), width="stretch", key="compare-sweep")
-    grid = point_grid(session)
-    if grid.rows:
-        st.dataframe(grid.records(), hide_index=True, width="stretch", key="compare-points")
-    if session.kind is SessionKind.DOCTOR:
-        st.markdown("  \n".join(doctor_lines(session)))
-
-
 @common.page
 def main() -> None:
     st.title("Compare")
-    mode = str(
-        st.radio(
-            "compare", ["runs", "a sweep or doctor session"], horizontal=True, key="compare-mode"
-        )
-    )
-    if mode == "runs":
-        rows = common.runs_listing(common.db_path())
-        if len(rows) < 2:
-            st.info("Two or more runs are needed to compare.")
-            return
-        compare_runs(common.db_path(), rows)
-    else:
-        compare_session()
+    st.caption("Doctor and sweep sessions, with their curves, open on the Session page.")
+    rows = common.runs_listing(common.db_path())
+    if len(rows) < 2:
+        st.info("Two or more runs are needed to compare.")
+        return
+    compare_runs(common.db_path(), rows)
 
 
 main()

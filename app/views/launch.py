@@ -1,73 +1,87 @@
 """Launch: start `probe run`, `probe sweep` or `probe doctor`, each a process of its own,
-tracked in the store; stop it; see what it printed."""
+tracked in the store; stop it; see what it printed, and why it failed.
+
+The form's fields are the command's flags (`probe.present.options.FLAGS`), each opening on
+that command's default; a field left at its default is not sent, so the command decides as it
+would with no flag.
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 import streamlit as st
 
 from app import common
 from probe.measure.devices import cuda_devices
-from probe.present import launch
-from probe.present import options as flags
+from probe.present import launch, options
+from probe.records import RunStatus
+
+
+def key(command: str, flag: options.Flag) -> str:
+    """A field's widget key: one per command, so that each command's form opens on its own
+    defaults."""
+    return f"launch-{command}-{flag.name[2:]}"
+
+
+def placeholder(flag: options.Flag) -> str | None:
+    """What an empty field means: the command's default."""
+    if flag.default is not None:
+        return f"default: {flag.default}"
+    return None if flag.default_note is None else f"default: {flag.default_note}"
+
+
+def field(column: Any, command: str, flag: options.Flag) -> Any:
+    """A flag's field, showing `command`'s default; its value, None where that is the default
+    (the flag is left out and the command decides, as it would with no flag)."""
+    shared: dict[str, Any] = {"help": flag.help, "key": key(command, flag)}
+    if flag.type is bool:
+        value = column.checkbox(flag.label, value=flag.default, **shared)
+    elif isinstance(flag.type, tuple):
+        value = column.selectbox(
+            flag.label,
+            flag.type,
+            index=None if flag.default is None else flag.type.index(flag.default),
+            placeholder=placeholder(flag),
+            **shared,
+        )
+    elif flag.type in (int, float):
+        value = column.number_input(
+            flag.label,
+            min_value=flag.type(0),
+            value=flag.default,
+            step=flag.type(1),
+            placeholder=placeholder(flag),
+            **shared,
+        )
+    else:
+        text = column.text_input(
+            flag.label, value=flag.default or "", placeholder=placeholder(flag), **shared
+        )
+        value = text.strip() or None
+    return None if value == flag.default else value
 
 
 def form() -> launch.LaunchForm | None:
     devices = cuda_devices()
-    options = ["CPU"] + [f"GPU {d.index} ({d.name})" for d in devices]
+    choices = ["CPU"] + [f"GPU {d.index} ({d.name})" for d in devices]
     command = str(st.radio("command", list(launch.COMMANDS), horizontal=True, key="launch-command"))
+    values: dict[str, Any] = {}
+    backend = None  # the doctor's: it measures both pipelines
+    for flag in options.flags(command):
+        if flag.dest == "backend":  # outside the form: it decides which fields the form shows
+            values[flag.dest] = field(st, command, flag)
+            backend = values[flag.dest] or flag.default
     with st.form("launch-form"):
         chosen = st.multiselect(
             "devices (one lane per GPU; or the CPU)",
-            options,
-            default=options[1:] or ["CPU"],
+            choices,
+            default=choices[1:] or ["CPU"],
             key="launch-devices",
         )
-        cols = st.columns(3)
-        pipeline = str(
-            cols[0].selectbox(
-                "pipeline", ["torch", "dali"], key="launch-pipeline", disabled=command == "doctor"
-            )
-        )
-        shards = cols[1].number_input(
-            "dataset shards (0: one per lane; on the CPU, the lanes)",
-            min_value=0,
-            value=0,
-            step=1,
-            key="launch-shards",
-        )
-        batch_size = cols[2].number_input(
-            "batch size", min_value=1, value=flags.GPU_BATCH_SIZE, step=1, key="launch-batch"
-        )
-        cols = st.columns(3)
-        workers = cols[0].number_input(
-            "DataLoader workers (0: default)", min_value=0, value=0, step=1, key="launch-workers"
-        )
-        threads = cols[1].number_input(
-            "DALI threads (0: default)", min_value=0, value=0, step=1, key="launch-threads"
-        )
-        consumer = cols[2].text_input(
-            "consumer (none, sleep:MS, model:NAME)",
-            value=flags.DOCTOR_CONSUMER if command == "doctor" else "none",
-            key="launch-consumer",
-        )
-        data = st.text_input(
-            "dataset folder (empty: the built-in sample data)", key="launch-data"
-        ).strip()
-        cols = st.columns(3)
-        if command == "run":
-            duration = cols[0].number_input(
-                "seconds measured per lane", min_value=0.5, value=10.0, key="launch-duration"
-            )
-            label = cols[1].text_input("label", key="launch-label").strip()
-            budget = None
-        else:
-            duration, label = None, ""
-            budget = cols[0].number_input(
-                "budget, seconds (start-ups included)",
-                min_value=1.0,
-                value=45.0 if command == "doctor" else flags.SWEEP_BUDGET_S,
-                key="launch-budget",
-            )
+        columns = st.columns(3)
+        for i, flag in enumerate(options.form_flags(command, backend)):
+            values[flag.dest] = field(columns[i % len(columns)], command, flag)
         submitted = st.form_submit_button("Start", type="primary")
     if not submitted:
         return None
@@ -78,20 +92,7 @@ def form() -> launch.LaunchForm | None:
     if not chosen:
         st.error("Choose at least one device.")
         return None
-    return launch.LaunchForm(
-        command=command,
-        pipeline=pipeline,
-        gpus=gpus or None,
-        num_shards=int(shards) or None,
-        data_dir=data or None,
-        batch_size=int(batch_size),
-        workers=int(workers) or None,
-        threads=int(threads) or None,
-        consumer=consumer.strip() or "none",
-        duration_s=float(duration) if duration is not None else None,
-        budget_s=float(budget) if budget is not None else None,
-        label=label or None,
-    )
+    return launch.LaunchForm(command=command, gpus=gpus or None, flags=values)
 
 
 @st.fragment(run_every=2.0)
@@ -108,6 +109,9 @@ def launches() -> None:
         title = f"{record.launch_id}: probe {' '.join(record.argv)} - {record.status.value}" + (
             "" if record.exit_code is None else f" (exit {record.exit_code})"
         )
+        reason = launch.failure_reason(record) if record.status is RunStatus.FAILED else None
+        if reason is not None:
+            title += f": {reason}"
         with st.expander(title, expanded=record.status.value == "running"):
             st.caption(f"devices: {devices}; started {record.created}")
             if record.status.value == "running" and st.button(

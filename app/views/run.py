@@ -13,39 +13,23 @@ import streamlit as st
 
 from app import common
 from probe.judge.diagnosis import RunDiagnosis
-from probe.judge.results import Session, read_session
-from probe.judge.thresholds import Severity
 from probe.metrics import DATA_WAIT, IMAGES_PER_S
 from probe.present import charts as figures
 from probe.present.options import reproduce_command
-from probe.present.tables import headline, lane_grid, recommendation_grid, run_notes
+from probe.present.tables import (
+    PIPELINE_ONLY_WAIT,
+    headline,
+    lane_grid,
+    pipeline_only,
+    run_notes,
+)
 from probe.store.documents import RunDocument
 from probe.store.series import slowest_lanes
 
 
-def pick_run(rows: list[dict[str, Any]]) -> str | None:
-    ids = [row["run_id"] for row in rows]
-    wanted = st.query_params.get("run")
-    if wanted and wanted not in ids:
-        st.warning(f"No run {wanted} in the store; showing the newest.")
-        wanted = None
-    chosen = st.selectbox(
-        "run",
-        ids,
-        index=ids.index(wanted) if wanted else 0,
-        key="run-pick",
-        format_func=lambda run_id: next(
-            f"{r['run_id']}  {r['pipeline']}, {r['consumer']}, {r['status']}"
-            + (f"  [{r['label']}]" if r["label"] else "")
-            for r in rows
-            if r["run_id"] == run_id
-        ),
-    )
-    if chosen is None:
-        return None
-    if chosen != st.query_params.get("run"):
-        st.query_params["run"] = chosen
-    return str(chosen)
+def describe(row: dict[str, Any]) -> str:
+    label = f"  [{row['label']}]" if row["label"] else ""
+    return f"{row['run_id']}  {row['pipeline']}, {row['consumer']}, {row['status']}{label}"
 
 
 def header(doc: RunDocument) -> None:
@@ -62,8 +46,20 @@ def header(doc: RunDocument) -> None:
     else:
         st.warning(message)
     cols = st.columns(4)
-    cols[0].metric(f"{IMAGES_PER_S.heading}, all lanes", IMAGES_PER_S.cell(doc.images_per_s))
-    cols[1].metric(f"{DATA_WAIT.label}, worst lane", DATA_WAIT.cell(doc.data_wait_frac))
+    if pipeline_only(doc.consumer):  # no consumer: its capacity, and nothing starves
+        cols[0].metric(
+            f"capacity, {IMAGES_PER_S.heading}, all lanes", IMAGES_PER_S.cell(doc.images_per_s)
+        )
+        cols[1].metric(
+            DATA_WAIT.label,
+            PIPELINE_ONLY_WAIT,
+            help="With no consumer the loop only waits for data: that is the pipeline's "
+            "capacity at work, not starvation. Give a consumer (model:NAME or sleep:MS), or run "
+            "the doctor, to see whether a training step would starve.",
+        )
+    else:
+        cols[0].metric(f"{IMAGES_PER_S.heading}, all lanes", IMAGES_PER_S.cell(doc.images_per_s))
+        cols[1].metric(f"{DATA_WAIT.label}, worst lane", DATA_WAIT.cell(doc.data_wait_frac))
     cols[2].metric("lanes", len(doc.lanes))
     cols[3].metric("run took", "-" if doc.seconds is None else f"{doc.seconds:,.1f} s")
     st.dataframe(lane_grid(doc).records(), hide_index=True, width="stretch", key="run-lanes")
@@ -76,29 +72,29 @@ def header(doc: RunDocument) -> None:
         st.caption(figures.stage_line(doc.lanes) or "")
 
 
-def diagnosis(diag: RunDiagnosis, session: Session | None) -> None:
+def diagnosis(diag: RunDiagnosis, session_id: str | None) -> None:
     st.subheader("Diagnosis")
     verdict = replace(diag.verdict, partial=diag.partial)
-    show = {Severity.HIGH: st.error, Severity.MODERATE: st.warning}.get(
-        verdict.severity, st.success
-    )
-    show(headline(verdict))
-    st.markdown("\n".join(f"- {item.text}" for item in verdict.evidence))
+    common.verdict_box(verdict)
+    st.markdown("\n".join(f"- {common.markdown_text(item.text)}" for item in verdict.evidence))
     for finding in diag.findings:
-        st.warning(finding.title + ": " + "; ".join(i.text for i in finding.evidence))
-    recommendations = diag.recommendations
-    basis = "from this run alone"
-    if session is not None:
-        recommendations = session.recommendations
-        basis = f"from the doctor session {session.session_id} this run belongs to"
-    if recommendations:
-        st.markdown(f"**Recommendations** ({basis})")
-        st.dataframe(
-            recommendation_grid(recommendations).records(),
-            hide_index=True,
-            width="stretch",
-            key="run-recommendations",
+        st.warning(
+            common.markdown_text(headline(finding))
+            + ": "
+            + "; ".join(common.markdown_text(i.text) for i in finding.evidence)
         )
+    if session_id is not None:
+        st.page_link(
+            "views/session.py",
+            label=f"This run is a point of session {session_id}: open its answer",
+            query_params={"session": session_id},
+        )
+    if diag.recommendations:
+        basis = "from this run alone"
+        if diag.answered_by is not None:
+            basis = f"the doctor session's, measured: {diag.answered_by}"
+        st.markdown(f"**Recommendations** ({basis})")
+        common.recommendation_list(diag.recommendations)
 
 
 @common.page
@@ -109,19 +105,13 @@ def main() -> None:
     if not rows:
         st.info("No runs yet: start one on the Launch page, or from the Runs page.")
         return
-    run_id = pick_run(rows)
-    if run_id is None:
-        return
+    run_id = common.pick(rows, "run", describe)
     row = next(r for r in rows if r["run_id"] == run_id)
     version = common.version_of(row)
     view = common.run_view(db, run_id, version)
     doc = view["document"]
     header(doc)
-    session = None
-    if row["session_id"] and row["session_id"].startswith("doctor-"):
-        with common.store() as store:
-            session = read_session(store, row["session_id"])
-    diagnosis(view["diagnosis"], session)
+    diagnosis(view["diagnosis"], row["session_id"])
 
     series = view["series"]
     if series is None or not any(lane.t_s for lane in series.lanes):
@@ -133,7 +123,10 @@ def main() -> None:
                 "interval's lowest to its highest sample, so peaks and dips stay visible."
             )
         slowest = slowest_lanes(series)
-        for index, figure in enumerate(figures.run_figures(series, view["histogram"])):
+        drawn = figures.run_figures(
+            series, view["histogram"], doc.lanes, pipeline_only(doc.consumer)
+        )
+        for index, figure in enumerate(drawn):
             st.plotly_chart(figure, width="stretch", key=f"run-figure-{index}")
             if index == 0 and slowest is not None:  # the lanes' timelines come first
                 st.caption(figures.slowest_line(slowest))
@@ -144,14 +137,14 @@ def main() -> None:
             + "; ".join(f"{u['metric']} ({u['reason']})" for u in unavailable[:12])
         )
     with st.expander("Configuration (to reproduce the run)"):
-        command = reproduce_command(doc)
+        command = reproduce_command(doc, of_session=row["session_id"] is not None)
         if command is not None:
             st.code(command, language="bash")
         st.json(dict(doc.config))
     with st.expander("Host"):
         st.json(dict(doc.host))
     st.markdown("**Export** (the same reports as `probe report`)")
-    common.export_buttons(db, run_id, "run-export")
+    common.export_buttons(db, run_id, version, "run-export")
 
 
 main()

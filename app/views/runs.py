@@ -1,9 +1,12 @@
-"""Runs: every recorded run with its verdict; filter them, open one.
+"""Runs: every doctor and sweep session with its answer, and every recorded run with its
+verdict; filter them, open one.
 
-A first visit with an empty store offers one button: a probe on the built-in sample data.
+A first visit with an empty store offers one button: the doctor on the built-in sample data.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import streamlit as st
 
@@ -11,19 +14,65 @@ from app import common
 from probe.measure.devices import cuda_devices
 from probe.metrics import DATA_WAIT, IMAGES_PER_S
 from probe.present import launch
+from probe.present.options import DOCTOR_BUDGET_S, DOCTOR_CONSUMER
+from probe.present.tables import PIPELINE_ONLY_WAIT, pipeline_only
 
 
 def welcome() -> None:
+    devices = cuda_devices()
+    where = f"{len(devices)} visible GPU(s)" if devices else "the CPU (no CUDA GPU is visible)"
+    budget = DOCTOR_BUDGET_S["gpu" if devices else "cpu"]
     st.info(
-        "No runs yet. A first probe measures the PyTorch DataLoader on the built-in sample data "
-        "(1000 JPEGs, written into your cache folder the first time) for 10 seconds, on every "
-        "visible GPU, or on the CPU."
+        "No runs yet. Is your GPU waiting for data? The doctor finds out on the built-in sample "
+        f"data (1000 JPEGs, written into your cache folder the first time), on {where}: it "
+        "measures the PyTorch DataLoader at your setting and around its knee, then DALI, "
+        f"feeding a training step of {DOCTOR_CONSUMER.split(':')[1]} ms per batch (what "
+        "ResNet-50 takes on one H200), and says whether the step starves, why, and what to "
+        f"change, with the images/s it predicts and then verifies. About {budget:.0f} s."
     )
-    if st.button("Run a probe on the built-in sample data", key="runs-first", type="primary"):
-        gpus = tuple(d.index for d in cuda_devices()) or None
+    if st.button("Run the doctor on the built-in sample data", key="runs-first", type="primary"):
+        gpus = tuple(d.index for d in devices) or None
         with common.store() as store:
-            launch.start(store, launch.LaunchForm(command="run", gpus=gpus))
+            launch.start(store, launch.LaunchForm(command="doctor", gpus=gpus))
         st.switch_page("views/live.py")
+
+
+def sessions(rows: list[dict[str, Any]]) -> None:
+    """The doctor and sweep sessions, newest first; one opens on the Session page."""
+    st.subheader("Sessions")
+    table = [
+        {
+            "session": row["session_id"],
+            "status": row["status"],
+            "consumer": row["consumer"],
+            "devices": row["devices"],
+            "answer": row["answer"],
+            "top recommendation": row["recommendation"],
+            "runs": row["runs"],
+            "created (UTC)": row["created"].replace("T", " ").rstrip("Z"),
+        }
+        for row in rows
+    ]
+    opener(table, "session", "runs-sessions", ("answer", "top recommendation"))
+
+
+def opener(table: list[dict[str, Any]], what: str, key: str, long: tuple[str, ...]) -> None:
+    """A table of runs or sessions, one selectable; a button opens the one selected on its
+    page (the Run or Session page; `what` is the id's column and the page's parameter)."""
+    event = st.dataframe(
+        table,
+        key=key,
+        hide_index=True,
+        width="stretch",
+        on_select="rerun",
+        selection_mode="single-row",
+        column_config={column: st.column_config.TextColumn(width="large") for column in long},
+    )
+    selected = event.selection.rows if event is not None else []
+    if selected:
+        chosen = table[selected[0]][what]
+        if st.button(f"Open {what} {chosen}", key=f"{key}-open", type="primary"):
+            st.switch_page(f"views/{what}.py", query_params={what: chosen})
 
 
 @common.page
@@ -34,6 +83,10 @@ def main() -> None:
     if not rows:
         welcome()
         return
+    session_list = common.sessions_listing(db)
+    if session_list:
+        sessions(session_list)
+        st.subheader("Runs")
     left, middle, right = st.columns([2, 2, 3])
     statuses = sorted({row["status"] for row in rows})
     pipelines = sorted({row["pipeline"] for row in rows})
@@ -66,26 +119,16 @@ def main() -> None:
                 "consumer": row["consumer"],
                 "devices": row["devices"],
                 IMAGES_PER_S.heading: round(row["images_per_s"]),
-                DATA_WAIT.heading: DATA_WAIT.cell(row["data_wait_frac"]),
+                DATA_WAIT.heading: PIPELINE_ONLY_WAIT
+                if pipeline_only(row["consumer"])
+                else DATA_WAIT.cell(row["data_wait_frac"]),
                 "verdict": verdict.title + (" (partial)" if verdict.partial else ""),
+                "session": row["session_id"] or "",
                 "created (UTC)": row["created"].replace("T", " ").rstrip("Z"),
             }
         )
     st.caption(f"{len(shown)} of {len(rows)} runs; select one to open it")
-    event = st.dataframe(
-        table,
-        key="runs-table",
-        hide_index=True,
-        width="stretch",
-        on_select="rerun",
-        selection_mode="single-row",
-        column_config={"verdict": st.column_config.TextColumn(width="large")},
-    )
-    selected = event.selection.rows if event is not None else []
-    if selected:
-        run_id = table[selected[0]]["run"]
-        if st.button(f"Open run {run_id}", key="runs-open", type="primary"):
-            st.switch_page("views/run.py", query_params={"run": run_id})
+    opener(table, "run", "runs-table", ("verdict",))
 
 
 main()

@@ -4,7 +4,7 @@ worst), and ranked recommendations (`diagnose_run` for a stored run, `judge_run`
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pipelines import InputError
@@ -13,7 +13,7 @@ from probe.judge.evidence import Evidence
 from probe.judge.facts import LaneFacts, run_facts
 from probe.judge.knee import SweepAnalysis
 from probe.judge.recommend import recommend
-from probe.judge.results import read_session
+from probe.judge.results import Session, SessionKind, read_session
 from probe.judge.thresholds import Severity
 from probe.judge.verdicts import Verdict, VerdictKind, judge_lane, judge_lanes, rank
 from probe.records import RunRecord, RunStatus
@@ -22,8 +22,10 @@ from probe.store.db import Store
 
 @dataclass(frozen=True)
 class RunDiagnosis:
-    """A run's verdict, its lanes' verdicts, and recommendations from this run (and the sweep
-    it belongs to, where it belongs to one)."""
+    """A run's verdict, its lanes' verdicts, and recommendations: from this run (and the sweep
+    it belongs to, where it belongs to one), or for a run of a doctor session that answered,
+    the session's, measured (`answered_by` names it): a run's own estimate never stands
+    beside its session's measured answer."""
 
     run_id: str
     verdict: Verdict
@@ -31,6 +33,7 @@ class RunDiagnosis:
     findings: tuple[Verdict, ...]  # what only several lanes show
     recommendations: tuple[Recommendation, ...]
     partial: bool
+    answered_by: str | None = None  # the doctor session whose recommendations these are
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -40,6 +43,7 @@ class RunDiagnosis:
             "lanes": [v.to_json() for v in self.lanes],
             "findings": [v.to_json() for v in self.findings],
             "recommendations": [r.to_json() for r in self.recommendations],
+            "answered_by": self.answered_by,
         }
 
 
@@ -48,8 +52,15 @@ def diagnose_run(store: Store, run_id: str, sweep: SweepAnalysis | None = None) 
     marked partial. A new num_workers is read from `sweep` (measured on the same lanes), or
     else from the sweep or doctor session the run belongs to, where that is stored."""
     run = store.run(run_id)
-    sweep = sweep or _session_sweep(store, run)
-    return judge_run(run.run_id, run.status, run_facts(store, run.run_id), sweep)
+    session = _session_of(store, run)
+    if sweep is None and session is not None and session.knob == "num_workers":
+        sweep = session.analysis() if run.pipeline == "torch" else None
+    diagnosis = judge_run(run.run_id, run.status, run_facts(store, run.run_id), sweep)
+    if session is not None and session.kind is SessionKind.DOCTOR and session.answered:
+        return replace(
+            diagnosis, recommendations=session.recommendations, answered_by=session.session_id
+        )
+    return diagnosis
 
 
 def judge_run(
@@ -82,13 +93,12 @@ def judge_run(
     return RunDiagnosis(run_id, overall, lanes, findings, recommendations, partial)
 
 
-def _session_sweep(store: Store, run: RunRecord) -> SweepAnalysis | None:
-    """The sweep of num_workers of the session a run belongs to (None: none, or not stored
-    yet, as while a doctor judges your setting)."""
-    if run.session_id is None or run.pipeline != "torch":
+def _session_of(store: Store, run: RunRecord) -> Session | None:
+    """The sweep or doctor session a run belongs to (None: none, or not stored yet, as while a
+    doctor judges your setting)."""
+    if run.session_id is None:
         return None
     try:
-        session = read_session(store, run.session_id)
+        return read_session(store, run.session_id)
     except (InputError, KeyError, TypeError, ValueError):  # absent, or written unlike this one
         return None
-    return session.analysis() if session.knob == "num_workers" else None

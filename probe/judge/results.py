@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, fields
 from enum import Enum
 from typing import Any
 
+from pipelines import InputError
 from probe.judge.changes import Change, Recommendation, to_dali, workers
 from probe.judge.knee import SweepAnalysis, SweepPoint
 from probe.judge.model import Curve
@@ -366,6 +367,54 @@ class Session:
 def read_session(store: Store, session_id: str) -> Session:
     """A stored sweep or doctor session (its id, or a unique start of it)."""
     return Session.from_json(store.session(session_id).document)
+
+
+SESSION_PREFIXES = tuple(f"{kind.value}-" for kind in SessionKind)
+
+
+def is_session_id(subject: str) -> bool:
+    return subject.startswith(SESSION_PREFIXES)
+
+
+def resolve_subject(store: Store, wanted: str) -> str:
+    """What a user names, as a run id or a session id: `last` is the newest run or session a
+    user started (a session's own runs, its points and verification, belong to it; the runs
+    of a session still measuring count as runs until it ends); a session id stays as given;
+    anything else is a run (its id or a unique start of it).
+
+    Raises:
+        InputError: the store holds nothing, or no run (or several) matches.
+    """
+    if is_session_id(wanted):
+        return store.session(wanted).session_id
+    if wanted != "last":
+        return store.run(wanted).run_id
+    sessions = store.sessions()
+    ended = {s.session_id for s in sessions}
+    runs = [run for run in store.runs() if run.session_id not in ended]
+    newest = [(r.created, r.run_id) for r in runs[:1]] + [
+        (s.created, s.session_id) for s in sessions[:1]
+    ]
+    if not newest:
+        raise InputError(f"the store {store.path} holds no runs yet")
+    return max(newest)[1]
+
+
+def focus_run(store: Store, subject: str) -> str:
+    """The run a subject's figures come from: a run's own id; a doctor session's run of your
+    setting (its verdict is about it), a sweep's knee, else the session's first run.
+
+    Raises:
+        InputError: a session that recorded no run.
+    """
+    if not is_session_id(subject):
+        return subject
+    session = read_session(store, subject)
+    knee = None if session.knee is None else session.knee.run_id
+    focus = session.verdict_run_id or knee or (session.run_ids[0] if session.run_ids else None)
+    if focus is None:
+        raise InputError(f"session {session.session_id} recorded no run: nothing to report")
+    return focus
 
 
 def _curve(data: Mapping[str, Any] | None) -> Curve | None:

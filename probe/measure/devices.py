@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pipelines import InputError
+from pipelines import InputError, available_cpus
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,12 @@ def cuda_devices() -> list[CudaDevice]:
             )
         )
     return devices
+
+
+def host_cores() -> int:
+    """The CPU cores this process may use (its affinity and cgroup quota counted), for the
+    dashboard, which reaches the host through `probe`."""
+    return available_cpus()
 
 
 def loop_device(default: int | None) -> int | None:

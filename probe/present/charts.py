@@ -6,18 +6,28 @@ Downsampled series are drawn as a band from each bucket's minimum to its maximum
 as a line: peaks and dips stay visible however long the run.
 
 Where a chart needs a sentence under it, it is made here too (`slowest_line`, `stage_line`), so
-that the dashboard and the reports say the same.
+that the dashboard and the reports say the same. The timelines shade the run's start-up and
+warm-up (`run_phases`), which their figures leave out.
+
+An HTML page holds each figure as its JSON (`html_div`: numbers rounded to what a chart shows)
+and draws them with plotly.js's cartesian bundle, inlined once, gzipped (`page_script`).
 """
 
 from __future__ import annotations
 
+import base64
+import json
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
 from itertools import cycle
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
 import plotly.io as pio
-from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
 from probe.judge.results import Session
@@ -44,6 +54,8 @@ from probe.store.series import (
 )
 
 WAIT_COLOR = "#d62728"
+CAPACITY_COLOR = "#fd8d3c"  # the pipeline's (its workers' stages are oranges)
+CAPACITY_WAIT = "waiting for data % (no consumer)"
 BUSY_COLOR = "#1f77b4"
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22")
 TIME_AXIS = "seconds since the run started"
@@ -55,13 +67,91 @@ MEASURED_COLOR = "#111111"
 SIDE_TITLES = {Side.WORKERS: "DataLoader workers", Side.MAIN: "main process"}
 SLOWEST_TITLE = "slowest lane per interval (the highest data-wait; DDP waits for it)"
 SLOWEST_SPAN = 30  # px per lane of the slowest-lane strip
+STARTUP, WARMUP = "start-up", "warm-up"
+PHASE_COLORS = {STARTUP: "rgba(110,110,110,0.14)", WARMUP: "rgba(230,160,0,0.16)"}
+STARTUP_AND_WARMUP = "start-up and warm-up"  # where the lanes' warm-up lengths are not known
+WASHED_OUT = "rgba(255,255,255,0.45)"  # a phase over a heatmap
+# plotly.js's cartesian bundle (scatter, bar, heatmap, histogram, box and more: the npm package
+# plotly.js-cartesian-dist-min, the plotly.js version plotly.py bundles), gzipped: 0.5 MB where
+# the whole plotly.js is 4.8 MB
+PLOTLY_BUNDLE = Path(__file__).with_name("assets") / "plotly-cartesian.min.js.gz"
+SIGNIFICANT = 4  # digits of the numbers a page's figures carry: no chart shows more
+CHART_CLASS = "plotly-graph-div"  # a page's chart (`html_div`), named as plotly.py names it
 
 
-def lane_timelines(series: RunSeries) -> go.Figure:
+@dataclass(frozen=True)
+class Phase:
+    """A stretch of a run before its figures, in seconds since the run started: start-up
+    (before the lanes' first batch) or warm-up (their warm-up batches, left out of figures)."""
+
+    label: str
+    start_s: float
+    end_s: float
+
+
+def run_phases(series: RunSeries, lanes: Sequence[LaneDocument] = ()) -> list[Phase]:
+    """A run's start-up and warm-up: from its start to the first interval the last lane
+    measured. The lanes' documents split the two (each lane's warm-up batches took its
+    `warmup_s`, right before its measured ones); without them it is one stretch. Nothing for a
+    window that does not begin at the run's start (a live run's last minutes)."""
+    if series.span_s[0] > 0:
+        return []
+    half = series.batch_bucket_s / 2  # the intervals' times are their middles
+    measured = {lane.lane: lane.t_s[0] - half for lane in series.lanes if lane.t_s}
+    end = max(measured.values(), default=0.0)
+    if end <= 0:
+        return []
+    firsts = [  # each lane's first batch: its warm-up batches came right before its measured
+        measured[lane.lane] - lane.figures.warmup_s for lane in lanes if lane.lane in measured
+    ]
+    if not firsts:
+        return [Phase(STARTUP_AND_WARMUP, 0.0, end)]
+    first_batch = min(end, max(0.0, min(firsts)))
+    phases = [Phase(STARTUP, 0.0, first_batch), Phase(WARMUP, first_batch, end)]
+    return [phase for phase in phases if phase.end_s > phase.start_s]
+
+
+def _mark_phases(
+    figure: go.Figure, phases: Sequence[Phase], rows: int = 0, above: bool = False
+) -> None:
+    """Shades each phase on every plot of the figure (each of `rows` subplots, or its one
+    plot), its label at the top left of the first; `above` the traces where they would hide
+    it (a heatmap: washed out, within dotted lines)."""
+    for index, phase in enumerate(phases):
+        color = PHASE_COLORS.get(phase.label, PHASE_COLORS[STARTUP])
+        shape: dict[str, Any] = {"x0": phase.start_s, "x1": phase.end_s, "fillcolor": color,
+                                 "line_width": 0, "layer": "below"}  # fmt: skip
+        if above:
+            shape.update(fillcolor=WASHED_OUT, layer="above",
+                         line={"width": 1, "dash": "dot", "color": "#555"})  # fmt: skip
+        for row in range(1, rows + 1):
+            figure.add_vrect(**shape, row=row, col=1)
+        if not rows:
+            figure.add_vrect(**shape)
+        figure.add_annotation(
+            x=phase.start_s,
+            xanchor="left",
+            y=1,
+            yref="y domain",
+            yanchor="top",
+            yshift=-14 * index,  # one under the other: a short start-up's label is narrow
+            text=phase.label,
+            showarrow=False,
+            font={"size": 10, "color": "#555"},
+            bgcolor="rgba(255,255,255,0.7)",
+            **({"row": 1, "col": 1} if rows else {}),
+        )
+
+
+def lane_timelines(
+    series: RunSeries, phases: Sequence[Phase] = (), pipeline_only: bool = False
+) -> go.Figure:
     """Per lane, on one time axis: data-wait (the share of each interval spent waiting for
     data) against the lane's GPU busy-ness, both in %. Starvation shows as red up where blue
     is down. With two lanes or more, a strip under them marks, for each interval, the lane that
-    waited most (`slowest_lanes`)."""
+    waited most (`slowest_lanes`). The run's start-up and warm-up (`run_phases`) are shaded.
+    A run with no consumer (`pipeline_only`) waits by design: its wait is drawn in the
+    pipeline's colour, as its capacity at work, not in the alarm's."""
     gpus = {gpu.uuid: gpu for gpu in series.gpus}
     slowest = slowest_lanes(series)
     lane_rows = max(1, len(series.lanes))
@@ -86,8 +176,8 @@ def lane_timelines(series: RunSeries) -> go.Figure:
             go.Scatter(
                 x=_values(lane.t_s),
                 y=_values(wait),
-                name=DATA_WAIT.axis,
-                line={"color": WAIT_COLOR},
+                name=CAPACITY_WAIT if pipeline_only else DATA_WAIT.axis,
+                line={"color": CAPACITY_COLOR if pipeline_only else WAIT_COLOR},
                 fill="tozeroy",
                 legendgroup="wait",
                 showlegend=row == 1,
@@ -103,10 +193,13 @@ def lane_timelines(series: RunSeries) -> go.Figure:
         figure.update_yaxes(range=[0, 105], title_text="%", row=row, col=1)
     if slowest is not None:
         _slowest_strip(figure, series, slowest, rows)
+    _mark_phases(figure, phases, rows)
     figure.update_xaxes(title_text=TIME_AXIS, row=rows, col=1)
     figure.update_xaxes(range=series.span_s)
     against = " / ".join(sorted(metrics)) if metrics else "GPU busy-ness (not measured on the CPU)"
     title = f"Data-wait against {against}, per lane"
+    if pipeline_only:
+        title = f"Waiting for data with no consumer (the pipeline's capacity) against {against}"
     strip_px = 0 if slowest is None else heights[-1] + 60  # its title and a gap
     return _layout(figure, title, height=200 * lane_rows + 100 + strip_px)
 
@@ -293,21 +386,30 @@ def stage_line(lanes: Sequence[LaneDocument]) -> str | None:
     return "; ".join(parts) + "." if parts else None
 
 
-def run_figures(series: RunSeries, histogram: LatencyHistogram | None) -> list[go.Figure]:
+def run_figures(
+    series: RunSeries,
+    histogram: LatencyHistogram | None,
+    lanes: Sequence[LaneDocument] = (),
+    pipeline_only: bool = False,
+) -> list[go.Figure]:
     """A run's charts, in the order the Run page and the reports show them: lanes (data-wait
-    against GPU busy-ness), throughput and latency, the latency histogram, GPUs, CPU per core."""
-    out = [lane_timelines(series), throughput_timelines(series)]
+    against GPU busy-ness), throughput and latency, the latency histogram, GPUs, CPU per core;
+    the timelines with the run's start-up and warm-up shaded (split where the run's `lanes`
+    are given: `run_phases`)."""
+    phases = run_phases(series, lanes)
+    out = [lane_timelines(series, phases, pipeline_only), throughput_timelines(series, phases)]
     if histogram is not None:
         out.append(latency_histogram(histogram))
     if series.gpus:
-        out.append(gpu_timelines(series))
+        out.append(gpu_timelines(series, phases))
     if series.cpu is not None:
-        out.append(cpu_heat_strip(series.cpu, series.span_s))
+        out.append(cpu_heat_strip(series.cpu, series.span_s, phases))
     return out
 
 
-def throughput_timelines(series: RunSeries) -> go.Figure:
-    """Images/s and batch latency (mean, and the worst per interval) of every lane."""
+def throughput_timelines(series: RunSeries, phases: Sequence[Phase] = ()) -> go.Figure:
+    """Images/s and batch latency (mean, and the worst per interval) of every lane; the run's
+    start-up and warm-up shaded."""
     figure = make_subplots(
         rows=2,
         cols=1,
@@ -352,13 +454,15 @@ def throughput_timelines(series: RunSeries) -> go.Figure:
             row=2,
             col=1,
         )
+    _mark_phases(figure, phases, rows=2)
     figure.update_xaxes(title_text=TIME_AXIS, row=2, col=1)
     figure.update_xaxes(range=series.span_s)
     return _layout(figure, "Throughput and batch latency", height=480)
 
 
-def gpu_timelines(series: RunSeries) -> go.Figure:
-    """Per GPU: busy-ness (with its metric's name), the hardware JPEG decoder, memory."""
+def gpu_timelines(series: RunSeries, phases: Sequence[Phase] = ()) -> go.Figure:
+    """Per GPU: busy-ness (with its metric's name), the hardware JPEG decoder, memory; the
+    run's start-up and warm-up shaded."""
     metrics = sorted({gpu.busy_metric for gpu in series.gpus}) or ["SM activity (GPM)"]
     figure = make_subplots(
         rows=3,
@@ -379,19 +483,23 @@ def gpu_timelines(series: RunSeries) -> go.Figure:
     for row in (1, 2):
         figure.update_yaxes(range=[0, 105], row=row, col=1)
     figure.update_yaxes(rangemode="tozero", row=3, col=1)
+    _mark_phases(figure, phases, rows=3)
     figure.update_xaxes(title_text=TIME_AXIS, row=3, col=1)
     figure.update_xaxes(range=series.span_s)
     return _layout(figure, "GPUs", height=600)
 
 
-def cpu_heat_strip(strip: CpuStrip, span_s: tuple[float, float] | None = None) -> go.Figure:
+def cpu_heat_strip(
+    strip: CpuStrip, span_s: tuple[float, float] | None = None, phases: Sequence[Phase] = ()
+) -> go.Figure:
     """CPU busy share of every core over time (over `span_s`, the run's other charts' range;
-    its colour bar lies below, so that its time axis lines up with theirs)."""
+    its colour bar lies below, so that its time axis lines up with theirs), in whole percent
+    (as its hover shows it); the run's start-up and warm-up shaded over it."""
     figure = go.Figure(
         go.Heatmap(
             x=_values(strip.t_s),
             y=[f"cpu {c}" for c in range(len(strip.per_core))],
-            z=np.array(strip.per_core, dtype=float),
+            z=np.rint(np.array(strip.per_core, dtype=float)),
             zmin=0,
             zmax=100,
             colorscale="YlOrRd",
@@ -408,6 +516,7 @@ def cpu_heat_strip(strip: CpuStrip, span_s: tuple[float, float] | None = None) -
             hovertemplate="%{y}, %{x:.1f} s: %{z:.0f}% busy<extra></extra>",
         )
     )
+    _mark_phases(figure, phases, above=True)
     figure.update_xaxes(title_text=TIME_AXIS, range=span_s)
     height = min(900, 220 + 14 * len(strip.per_core))
     return _layout(figure, "CPU per core (busy %; iowait and steal excluded)", height=height)
@@ -482,6 +591,8 @@ def sweep_curve(session: Session) -> go.Figure:
             error_y={"type": "data", "array": errors, "visible": any(errors)},
         )
     )
+    # a label at the axis's first or last setting reads inwards, not over the plot's edge
+    side = _side(knee, settings)
     if knee is not None and knee in settings:
         rate = rates[settings.index(knee)]
         figure.add_trace(
@@ -491,7 +602,8 @@ def sweep_curve(session: Session) -> go.Figure:
                 mode="markers+text",
                 name="knee",
                 text=[f"knee: {knob}={knee}"],
-                textposition="top center",
+                textposition=f"top {side}",
+                cliponaxis=False,  # drawn whole, near the top of the plot too
                 marker={"size": 14, "symbol": "star", "color": "#2ca02c"},
             )
         )
@@ -511,7 +623,9 @@ def sweep_curve(session: Session) -> go.Figure:
             y=dali_images_per_s,
             line_dash="dash",
             line_color="#9467bd",
-            annotation_text=f"{dali_label}: {dali_images_per_s:,.0f} images/s",
+            annotation_text=f"{dali_label}: {IMAGES_PER_S.text(dali_images_per_s)}",
+            # at the end away from the knee's label, which it would run into
+            annotation_position="top left" if side == "left" else "top right",
         )
     log = min(settings or [0]) > 0
     figure.update_xaxes(
@@ -524,29 +638,48 @@ def sweep_curve(session: Session) -> go.Figure:
     return _layout(figure, f"Sweep of {knob}", height=380)
 
 
+def _side(setting: int | None, settings: Sequence[int]) -> str:
+    """Where a label beside `setting` reads: 'right' of the first setting, 'left' of the
+    last, 'center' between them."""
+    if setting is None or len(settings) < 2:
+        return "center"
+    if setting == min(settings):
+        return "right"
+    return "left" if setting == max(settings) else "center"
+
+
 def compare_bars(briefs: Sequence[RunBrief]) -> go.Figure:
     """Runs side by side: images/s, data-wait (each run's worst lane's), GPU busy-ness and CPU
     cores."""
     names = [brief.name for brief in briefs]
     metrics = {busy_metric(brief.sm_active_source) for brief in briefs} - {None}
     busy = next(iter(metrics)) if len(metrics) == 1 else None
-    busy_title = (
-        f"{busy.title} %" if busy else f"GPU busy % ({SM_ACTIVE.title} or {KERNEL_ACTIVE.title})"
+    busy_title = (  # the metrics' names on a line of their own: too long for a half-width title
+        f"{busy.title} %"
+        if busy
+        else f"GPU busy %<br><sup>{SM_ACTIVE.title} or {KERNEL_ACTIVE.title}</sup>"
     )
     figure = make_subplots(
         rows=2,
         cols=2,
         subplot_titles=[IMAGES_PER_S.axis, DATA_WAIT.axis, busy_title, CPU.axis],
     )
-    panels: list[tuple[int, int, list[float | None]]] = [
-        (1, 1, [brief.images_per_s for brief in briefs]),
-        (1, 2, [_shown(DATA_WAIT, brief.data_wait_frac) for brief in briefs]),
-        (2, 1, [brief.sm_active_pct for brief in briefs]),
-        (2, 2, [brief.cpu_cores for brief in briefs]),
+    panels: list[tuple[int, int, str, list[float | None]]] = [  # and each one's hover value
+        (1, 1, "%{y:,.0f} images/s", [brief.images_per_s for brief in briefs]),
+        (1, 2, "%{y:.1f}%", [_shown(DATA_WAIT, brief.data_wait_frac) for brief in briefs]),
+        (2, 1, "%{y:.1f}%", [brief.sm_active_pct for brief in briefs]),
+        (2, 2, "%{y:.1f} cores", [brief.cpu_cores for brief in briefs]),
     ]
-    for row, col, values in panels:
+    for row, col, shown, values in panels:
         figure.add_trace(
-            go.Bar(x=names, y=values, marker_color=PALETTE[: len(names)], showlegend=False),
+            go.Bar(
+                x=names,
+                y=values,
+                marker_color=PALETTE[: len(names)],
+                showlegend=False,
+                name="",
+                hovertemplate=f"%{{x}}: {shown}<extra></extra>",
+            ),
             row=row,
             col=col,
         )
@@ -627,14 +760,87 @@ def _layout(figure: go.Figure, title: str, height: int) -> go.Figure:
 
 
 def html_div(figure: go.Figure) -> str:
-    """A figure as an HTML fragment that draws with plotly.js already on the page."""
-    config = {"displaylogo": False, "responsive": True}
-    return str(pio.to_html(figure, include_plotlyjs=False, full_html=False, config=config))
+    """A figure as an HTML fragment: its (empty) div and its JSON, numbers to `SIGNIFICANT`
+    digits and without the template all the page's figures share; `page_script` draws it."""
+    spec = figure.to_plotly_json()
+    spec["layout"].pop("template", None)
+    height = figure.layout.height or 450
+    return (
+        f'<div class="{CHART_CLASS}" style="height:{height}px;width:100%"></div>'
+        f'<script type="application/json">{_json(spec)}</script>'
+    )
 
 
-def plotly_js() -> str:
-    """plotly.js itself, to inline once in a self-contained page."""
-    return str(get_plotlyjs())
+def page_script() -> str:
+    """What draws a page's figures (`html_div`), to put at the end of its body: plotly.js's
+    cartesian bundle inlined (gzipped, base64), unpacked by the browser's DecompressionStream,
+    and the template the figures share, once. Nothing is fetched: the page works offline."""
+    template = pio.templates[pio.templates.default].to_plotly_json()
+    draw = _DRAW.replace("CHART_CLASS", CHART_CLASS).replace("BUNDLE", _bundle_base64())
+    return (
+        f'<script type="application/json" id="plotly-template">{_json(template)}</script>'
+        f"<script>{draw}</script>"
+    )
+
+
+_DRAW = """(async () => {
+  const charts = document.querySelectorAll("div.CHART_CLASS");
+  if (!charts.length) return;
+  try {
+    const packed = Uint8Array.from(atob("BUNDLE"), (c) => c.charCodeAt(0));
+    const unpacked = new Blob([packed]).stream().pipeThrough(new DecompressionStream("gzip"));
+    const plotly = document.createElement("script");
+    plotly.textContent = await new Response(unpacked).text();
+    document.head.append(plotly);
+    const template = JSON.parse(document.getElementById("plotly-template").textContent);
+    for (const chart of charts) {
+      const figure = JSON.parse(chart.nextElementSibling.textContent);
+      figure.layout.template = template;
+      await Plotly.newPlot(chart, figure.data, figure.layout,
+                           {displaylogo: false, responsive: true});
+    }
+  } catch (error) {
+    for (const chart of charts) {
+      chart.textContent = "The chart could not be drawn: " + error + " (it needs a browser"
+        + " with DecompressionStream: Chrome 80, Firefox 113, Safari 16.4 or newer)";
+    }
+  }
+})();"""
+
+
+@cache
+def _bundle_base64() -> str:
+    return base64.b64encode(PLOTLY_BUNDLE.read_bytes()).decode("ascii")
+
+
+def _json(value: Any) -> str:
+    """Compact JSON of a figure's parts, to put inside a <script> element: numbers rounded
+    (`_rounded`), and `<` escaped, so that no text in it can close the element."""
+    text = json.dumps(_rounded(value), separators=(",", ":"), ensure_ascii=False)
+    return text.replace("<", "\\u003c")
+
+
+def _rounded(value: Any) -> Any:
+    """Plain JSON values: arrays (numpy's, and plotly's base64 typed arrays) as lists, floats
+    to `SIGNIFICANT` digits (whole ones as ints), NaN and infinities as null (a gap)."""
+    if isinstance(value, dict) and {"dtype", "bdata"} <= value.keys():
+        array = np.frombuffer(base64.b64decode(value["bdata"]), dtype=value["dtype"])
+        shape = value.get("shape")
+        value = array if shape is None else array.reshape([int(n) for n in shape.split(",")])
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    elif isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return None
+        short = float(f"{value:.{SIGNIFICANT}g}")
+        return int(short) if short.is_integer() else short
+    if isinstance(value, dict):
+        return {key: _rounded(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_rounded(item) for item in value]
+    return value
 
 
 def _shown(metric: Metric, value: float | None) -> float | None:

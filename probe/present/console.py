@@ -9,6 +9,7 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,6 +25,8 @@ from probe.judge.diagnosis import RunDiagnosis
 from probe.judge.results import Session, SessionKind
 from probe.measure.bench import BenchResult, bench_pipeline, describe_settings
 from probe.present import tables, terminal
+from probe.present.options import decimal
+from probe.present.progress import progress_line
 from probe.present.tables import run_notes
 from probe.store.db import Store
 from probe.store.documents import RunDocument
@@ -104,9 +107,32 @@ def resolve_data(data_dir: Path | None) -> Path:
         f"generating the built-in sample dataset ({DEFAULT_SAMPLE.count} images, once; "
         "it is kept in your cache folder)"
     )
-    with progress() as bar:
-        task = bar.add_task("writing JPEGs", total=DEFAULT_SAMPLE.count)
-        return ensure_default_dataset(progress=lambda n: bar.advance(task, n))
+    if on_terminal():
+        with progress() as bar:
+            task = bar.add_task("writing JPEGs", total=DEFAULT_SAMPLE.count)
+            return ensure_default_dataset(progress=lambda n: bar.advance(task, n))
+    lines = _progress_lines("writing the sample data", DEFAULT_SAMPLE.count, "images")
+    return ensure_default_dataset(progress=lines)
+
+
+def _progress_lines(
+    what: str, total: int, unit: str, every_s: float = 3.0
+) -> Callable[[int], None]:
+    """A progress callback (called with the items finished since its last call) that prints
+    a line at most every `every_s` seconds and at the end: where no terminal draws a bar, as
+    in a launch's log, which the dashboard reads back."""
+    started = time.monotonic()
+    state = {"done": 0, "printed": started}
+
+    def advance(count: int) -> None:
+        state["done"] += count
+        now = time.monotonic()
+        done = int(state["done"])
+        if now - state["printed"] >= every_s or done >= total:
+            state["printed"] = now
+            say(progress_line(what, done, total, unit, now - started))
+
+    return advance
 
 
 def bench_one(
@@ -186,7 +212,7 @@ def _stop_text(config: ProbeConfig) -> str:
         part
         for part in (
             f"{config.batches} batches" if config.batches else "",
-            f"{config.duration_s:g} s" if config.duration_s else "",
+            f"{decimal(config.duration_s)} s" if config.duration_s else "",
         )
         if part
     )

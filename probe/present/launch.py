@@ -11,13 +11,16 @@ exit status recorded in the store.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from pipelines import InputError, discover
 from probe.measure.samplers.host import pid_alive
@@ -32,29 +35,32 @@ _children: dict[str, subprocess.Popen[bytes]] = {}  # reaped as the dashboard lo
 
 @dataclass(frozen=True)
 class LaunchForm:
-    """What the Launch page asks for; None means the command's default."""
+    """What the Launch page asks for: a command, its devices and its flags' values; None
+    means the command's default (the flag is left out, and the command decides)."""
 
     command: str = "run"
-    pipeline: str = "torch"  # run and sweep
     gpus: tuple[int, ...] | None = None  # None: the CPU
+    pipeline: str | None = "torch"  # run and sweep
     num_shards: int | None = None
     data_dir: str | None = None  # None: the built-in sample data
-    batch_size: int = 128
+    batch_size: int | None = None
     workers: int | None = None
     threads: int | None = None
-    consumer: str = "none"
-    duration_s: float | None = 10.0  # run
+    consumer: str | None = None
+    duration_s: float | None = None  # run
     batches: int | None = None  # run
     budget_s: float | None = None  # sweep and doctor
     label: str | None = None  # run
+    flags: Mapping[str, Any] = field(default_factory=dict)  # by dest, in place of the above
 
     @property
     def devices(self) -> list[str]:
         return ["cpu"] if self.gpus is None else [str(g) for g in self.gpus]
 
-    def values(self) -> dict[str, object]:
-        """The form as the command's flag values (by `probe.present.options.FLAGS`' `dest`)."""
-        return {
+    def values(self) -> dict[str, Any]:
+        """The form as the command's flag values (by `probe.present.options.FLAGS`' `dest`):
+        those the command takes and the form gives."""
+        named = {
             "backend": self.pipeline,
             "gpus": "none" if self.gpus is None else ",".join(map(str, self.gpus)),
             "num_shards": self.num_shards,
@@ -68,6 +74,12 @@ class LaunchForm:
             "label": self.label,
             "budget": self.budget_s,
         }
+        takes = options.defaults(self.command)
+        return {
+            dest: value
+            for dest, value in {**named, **self.flags}.items()
+            if dest in takes and value is not None
+        }
 
     def argv(self) -> list[str]:
         """The probe command's arguments."""
@@ -76,23 +88,28 @@ class LaunchForm:
 
 def check(form: LaunchForm) -> list[str]:
     """What is wrong with a launch form, one line each (nothing: it can start): the checks the
-    command makes of its flags, the dataset's, and whether a session's budget fits."""
+    command makes of its flags, the dataset's, and whether a session's budget (given, or the
+    command's default) fits."""
     if form.command not in COMMANDS:
         return [f"unknown command {form.command!r} (choose from: {', '.join(COMMANDS)})"]
     problems = []
+    values = form.values()
     config = None
     try:
-        config = options.config_of(form.command, form.values())
+        config = options.config_of(form.command, values)
     except (InputError, ValueError) as error:
         problems.append(str(error))
-    if form.data_dir:
+    if values.get("data_dir"):
         try:
-            discover(form.data_dir)
+            discover(values["data_dir"])
         except (InputError, ValueError) as error:
             problems.append(str(error))
-    if config is not None and form.command != "run" and form.budget_s is not None:
+    if config is not None and form.command != "run":
+        budget = values.get("budget", options.defaults(form.command)["budget"])
+        if budget is None:
+            budget = options.doctor_budget(options.LaneArgs.of(values, form.command))
         try:
-            options.check_budget(form.command, form.budget_s, config)
+            options.check_budget(form.command, budget, config)
         except InputError as error:
             problems.append(str(error))
     return problems
@@ -192,6 +209,25 @@ def log_tail(launch: LaunchRecord, lines: int = 30) -> str:
     except OSError:
         return ""
     return "\n".join(text.replace("\r", "\n").splitlines()[-lines:])
+
+
+# A line that reads as an error: the probe's own ("error: ..."), one naming an exception (a
+# traceback's last line), or a lane's failure ("lane 0: failed: ...").
+_ERROR_LINE = re.compile(r"^error:|(Error|Exception)\b|\bfailed: ")
+
+
+def error_line(text: str) -> str | None:
+    """The last non-empty line of `text` that reads as an error; None if none does."""
+    lines = (line.strip() for line in reversed(text.replace("\r", "\n").splitlines()))
+    return next((line for line in lines if line and _ERROR_LINE.search(line)), None)
+
+
+def failure_reason(launch: LaunchRecord) -> str | None:
+    """Why a launched probe failed: the last error line it printed (None if it printed none)."""
+    try:
+        return error_line(Path(launch.log_path).read_text(errors="replace"))
+    except OSError:
+        return None
 
 
 def _main(arguments: list[str]) -> int:

@@ -1,6 +1,7 @@
-"""The listings the dashboard and the launcher read: runs with their headline figures, and the
-runs in progress. Runs whose probe process is gone are marked interrupted first (that takes
-asking the system whether a process lives, which the host sampler owns).
+"""The listings the dashboard and the launcher read: runs with their headline figures, sweep and
+doctor sessions with their answers, and the runs in progress. Runs whose probe process is gone
+are marked interrupted first (that takes asking the system whether a process lives, which the
+host sampler owns).
 """
 
 from __future__ import annotations
@@ -8,8 +9,10 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass
 
+from probe.judge.results import read_session
 from probe.measure.samplers.host import pid_alive
 from probe.metrics import DATA_WAIT, IMAGES_PER_S
+from probe.present.tables import headline, pipeline_only, recommendation_text
 from probe.records import RunRecord, RunStatus
 from probe.store.db import Store
 from probe.store.documents import lane_figures_of
@@ -30,6 +33,54 @@ class RunRow:
     images_per_s: float
     data_wait_frac: float | None
     session_id: str | None
+
+    @property
+    def pipeline_only(self) -> bool:
+        """No consumer: its data-wait is the pipeline's capacity at work, not starvation."""
+        return pipeline_only(self.consumer)
+
+
+@dataclass(frozen=True)
+class SessionRow:
+    """One sweep or doctor session in a listing: what it answered."""
+
+    session_id: str
+    kind: str  # "sweep" or "doctor"
+    created: str
+    status: str
+    consumer: str
+    devices: str
+    answer: str  # a doctor's verdict in one line, a sweep's knee; or why there is none
+    recommendation: str  # a doctor's first recommendation, with its images/s
+    runs: int
+
+
+def session_rows(store: Store, limit: int = 200) -> list[SessionRow]:
+    """The newest sweep and doctor sessions with their answers."""
+    out = []
+    for record in store.sessions()[:limit]:
+        session = read_session(store, record.session_id)
+        top = session.recommendations[0] if session.recommendations else None
+        if session.verdict is not None:
+            answer = headline(session.verdict)
+        elif session.knee is not None:
+            answer = f"knee at {session.knob}={session.knee.setting}"
+        else:
+            answer = f"no answer: {session.reason or 'nothing was measured'}"
+        out.append(
+            SessionRow(
+                session_id=session.session_id,
+                kind=session.kind.value,
+                created=session.created,
+                status=session.status.value,
+                consumer=session.consumer,
+                devices=", ".join(session.devices) or "-",
+                answer=answer,
+                recommendation="-" if top is None else recommendation_text(top),
+                runs=len(session.run_ids),
+            )
+        )
+    return out
 
 
 def run_rows(store: Store, limit: int = 500) -> list[RunRow]:

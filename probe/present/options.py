@@ -10,6 +10,7 @@ command makes before it starts; `argv` writes values back as flags, in the table
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, fields
@@ -68,6 +69,18 @@ class Flag:
     def off(self) -> str:
         """A switch's other spelling: `--no-persistent-workers`."""
         return f"--no-{self.name[2:]}"
+
+    @property
+    def label(self) -> str:
+        """The flag as a form field's label: "batch size"."""
+        return self.name[2:].replace("-", " ")
+
+    @property
+    def default_note(self) -> str | None:
+        """How the help says a default of None is decided ("128 on a GPU, 32 on the CPU");
+        None where it says nothing."""
+        found = re.search(r"\[default: (.*)\]", self.help or "")
+        return found.group(1) if found else None
 
 
 def _gpus_text(gpus: Sequence[int | None]) -> str:
@@ -182,6 +195,18 @@ def flags(command: str, group: str | None = None) -> list[Flag]:
 def defaults(command: str) -> dict[str, Any]:
     """Each flag's default for `command`, by `dest`."""
     return {flag.dest: flag.default for flag in flags(command)}
+
+
+def form_flags(command: str, backend: str | None = None) -> list[Flag]:
+    """The rows a form for `command` asks for besides the devices (`--gpus`) and the pipeline
+    (`--pipeline`): those of `backend`'s pipeline, or of both where it is None (the doctor
+    measures both)."""
+    return [
+        flag
+        for flag in flags(command)
+        if flag.dest not in ("gpus", "backend")
+        and (backend is None or flag.backend in (None, Backend(backend)))
+    ]
 
 
 def _given(kind: type, values: Mapping[str, Any], command: str) -> dict[str, Any]:
@@ -394,29 +419,41 @@ def _stored(config: Mapping[str, Any], path: str) -> Any:
     return value
 
 
-def stored_values(config: Mapping[str, Any]) -> dict[str, Any]:
+# A session point's measuring length is the session's, not a flag: a point is measured until
+# precise, within a cap (`max_s`); stores written before `max_s` kept the cap in `duration_s`.
+SESSION_LENGTHS = ("batches", "duration")
+
+
+def stored_values(config: Mapping[str, Any], of_session: bool = False) -> dict[str, Any]:
     """A stored run's configuration as `probe run`'s flag values (by `dest`): those of its
-    pipeline, and only what it set (a session point's measuring cap is none of them)."""
+    pipeline, and only what it set (a session point's measuring cap is none of them; nor,
+    `of_session`, its stored batches or duration)."""
     backend = Backend(config["pipeline"])
     values = {}
     for flag in flags("run"):
         if flag.field is None or flag.backend not in (None, backend):
+            continue
+        if of_session and flag.dest in SESSION_LENGTHS:
             continue
         value = _stored(config, flag.field)
         values[flag.dest] = value if flag.from_stored is None else flag.from_stored(value)
     return values
 
 
-def reproduce_command(document: RunDocument | Mapping[str, Any]) -> str | None:
+def reproduce_command(
+    document: RunDocument | Mapping[str, Any], of_session: bool = False
+) -> str | None:
     """The `probe run` command line that measures a run's configuration again (under torchrun
-    for a run of ranks); None for a watched training loop."""
+    for a run of ranks), numbers as `decimal` writes them; None for a watched training loop.
+    A point of a sweep or doctor session (`of_session`) is measured again as the session
+    measured it, until precise: its stored batches or duration were no flags of the user's."""
     if isinstance(document, RunDocument):
         kind, config = document.kind, document.config
     else:
         kind, config = document["kind"], document["config"]
     if kind != "probe":
         return None
-    values = stored_values(config)
+    values = stored_values(config, of_session)
     words = ["probe", "run"]
     if config.get("torchrun"):
         words = ["torchrun", f"--nproc-per-node={config['world_size']}", "-m", "probe", "run"]

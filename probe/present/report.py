@@ -23,12 +23,18 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from pipelines import InputError
 from probe.judge.changes import Recommendation
 from probe.judge.diagnosis import RunDiagnosis, diagnose_run
-from probe.judge.results import Session, SessionKind, read_session
+from probe.judge.results import (
+    Session,
+    SessionKind,
+    focus_run,
+    is_session_id,
+    read_session,
+    resolve_subject,
+)
 from probe.judge.verdicts import Verdict
-from probe.metrics import DATA_WAIT, IMAGES_PER_S, MEMORY, STAGE_TIME, STAGES
+from probe.metrics import IMAGES_PER_S, MEMORY, STAGE_TIME, STAGES
 from probe.present import charts
 from probe.present.options import reproduce_command
 from probe.present.tables import (
@@ -38,9 +44,14 @@ from probe.present.tables import (
     epochs_lines,
     headline,
     lane_grid,
+    pipeline_only,
     point_grid,
+    point_notes,
     recommendation_grid,
+    recommendation_notes,
+    recommendation_rates,
     run_notes,
+    run_wait,
 )
 from probe.store.db import Store
 from probe.store.documents import RunBrief, RunDocument, read_run
@@ -69,6 +80,12 @@ class Report:
     runs: list[RunBrief]  # each of the session's runs
     series: RunSeries | None
     histogram: LatencyHistogram | None
+    session_point: bool = False  # the run is a point of a sweep or doctor session
+
+    @property
+    def reproduce(self) -> str | None:
+        """The command that measures the run again (`reproduce_command`)."""
+        return reproduce_command(self.run, of_session=self.session_point)
 
     @property
     def verdict(self) -> Verdict:
@@ -111,33 +128,29 @@ class Report:
             "diagnosis": self.diagnosis.to_json(),
             "session": None if self.session is None else self.session.to_json(),
             "runs": [brief.to_json() for brief in self.runs],
-            "reproduce": reproduce_command(self.run),
+            "reproduce": self.reproduce,
             "series": None if self.series is None else asdict(self.series),
             "latency_histogram": histogram,
         }
 
 
 def build_report(store: Store, wanted: str) -> Report:
-    """The report of a run (its id, a unique start of it, or `last`) or of a doctor or sweep
-    session (its id).
+    """The report of a run (its id, or a unique start of it), of a doctor or sweep session (its
+    id), or of `last`: the newest run or session a user started.
 
     Raises:
         InputError: nothing matches `wanted`, or several things do.
     """
     session = None
     runs: list[RunBrief] = []
-    if wanted.startswith(("sweep-", "doctor-")):
-        session = read_session(store, wanted)
+    subject = resolve_subject(store, wanted)
+    focus = focus_run(store, subject)
+    kind = "run"
+    if is_session_id(subject):
+        session = read_session(store, subject)
         kind = session.kind.value
-        knee = None if session.knee is None else session.knee.run_id
         run_ids = [run.run_id for run in store.runs() if run.session_id == session.session_id]
         runs = [RunBrief.of(read_run(store, run_id)) for run_id in reversed(run_ids)]
-        focus = session.verdict_run_id or knee or (run_ids[0] if run_ids else None)
-        if focus is None:
-            raise InputError(f"session {session.session_id} recorded no run: nothing to report")
-    else:
-        kind = "run"
-        focus = store.run(wanted).run_id
     return Report(
         kind=kind,
         generated=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -147,6 +160,7 @@ def build_report(store: Store, wanted: str) -> Report:
         runs=runs,
         series=run_series(store, focus),
         histogram=latency_histogram(store, focus),
+        session_point=store.run(focus).session_id is not None,
     )
 
 
@@ -174,28 +188,24 @@ def markdown(report: Report) -> str:
     """A short summary fit for a PR comment: verdict, key numbers, top recommendation, lanes."""
     doc, verdict = report.run, report.verdict
     lines = [f"### feedscope: {_md(report.subject)}", ""]
-    lines.append(f"**{_md(headline(verdict))}**")
+    lines.append(f"**{_md_prose(headline(verdict))}**")
     lines.append("")
-    lines += [f"- {_md(item.text)}" for item in verdict.evidence[:6]]
+    lines += [f"- {_md_prose(item.text)}" for item in verdict.evidence[:6]]
     lines.append("")
     top = report.recommendations[0] if report.recommendations else None
     if top is not None:
-        line = f"**Top recommendation**: `{_code(top.setting)}`: {_md(top.action)}"
-        if top.predicted_images_per_s is not None:
-            shown = IMAGES_PER_S.text(top.predicted_images_per_s, top.predicted_error)
-            line += f"; predicted {shown}"
-        if top.measured_images_per_s is not None:
-            line += f", verified {IMAGES_PER_S.number(top.measured_images_per_s)}"
-        lines += [line, ""]
+        action = _md_prose(top.action)
+        line = f"**Top recommendation**: `{_code(top.setting)}`: {action}"
+        lines += [line + recommendation_rates(top), ""]
     if report.session is not None and report.runs:
         lines += [*_md_table(brief_grid(report.runs)), ""]
         predicted = curve_lines(report.session)[:1]  # the knee it predicted; the terms: HTML
-        lines += [*(_md(line) for line in predicted), *([""] if predicted else [])]
+        lines += [*(_md_prose(line) for line in predicted), *([""] if predicted else [])]
     label = f" ({_md(doc.label)})" if doc.label else ""
     lines.append(
         f"Run `{doc.run_id}`{label}: {_md(doc.pipeline)}, consumer {_md(doc.consumer)}, "
         f"{doc.status}; {IMAGES_PER_S.text(doc.images_per_s)}, all lanes; "
-        f"{DATA_WAIT.label} {DATA_WAIT.text(doc.data_wait_frac)} (the worst lane's)."
+        f"{run_wait(doc)}."
     )
     lines += ["", *_md_table(lane_grid(doc))]
     stages = stage_grid(doc)
@@ -206,7 +216,8 @@ def markdown(report: Report) -> str:
             f"Where each image's CPU time goes ({STAGE_TIME.unit} per image{mean}; the "
             f"DataLoader workers' stages, then the main process's): "
         )
-        lines += ["", intro + _md(charts.stage_line(doc.lanes) or ""), "", *_md_table(stages)]
+        lines += ["", intro + _md_prose(charts.stage_line(doc.lanes) or ""), "",
+                  *_md_table(stages)]  # fmt: skip
     lines += ["", f"Host {_md(_host_line(doc.host))}.", ""]
     return "\n".join(lines)
 
@@ -242,7 +253,7 @@ def _md_table(grid: Grid) -> list[str]:
     return [
         "| " + " | ".join(_md(cell) for cell in grid.header) + " |",
         "|" + "|".join(align) + "|",
-        *("| " + " | ".join(_md(cell) for cell in row) + " |" for row in grid.rows),
+        *("| " + " | ".join(_md_prose(cell) for cell in row) + " |" for row in grid.rows),
     ]
 
 
@@ -258,18 +269,34 @@ def _code(text: str) -> str:
     return text.replace("`", "'").replace("\n", " ")
 
 
+_CODE_MARKS = re.compile(r"`([^`\n]+)`")  # the judge's wording marks commands: `probe sweep`
+
+
+def _md_prose(text: object) -> str:
+    """Text that Markdown shows as it is (`_md`), but for its `code` marks: code spans (a
+    table's `|` escaped in them too)."""
+    parts = _CODE_MARKS.split(str(text))  # odd items: what the marks held
+    return "".join(
+        "`" + _code(part).replace("|", "\\|") + "`" if index % 2 else _md(part)
+        for index, part in enumerate(parts)
+    )
+
+
 # --- HTML ---------------------------------------------------------------------------------------
 
 
 def html_page(report: Report) -> str:
-    """One self-contained page: plotly.js inlined once, nothing fetched from anywhere."""
+    """One self-contained page: plotly.js's cartesian bundle inlined once (`charts.page_script`),
+    nothing fetched from anywhere."""
     doc = report.run
     parts = [_verdict_html(report), _recommendations_html(report)]
     if report.session is not None:
         parts.append(_session_html(report))
     parts.append(_lanes_html(report))
     if report.series is not None and any(lane.t_s for lane in report.series.lanes):
-        drawn = charts.run_figures(report.series, report.histogram)
+        drawn = charts.run_figures(
+            report.series, report.histogram, doc.lanes, pipeline_only(doc.consumer)
+        )
         parts.append(f"<h2>Timelines of run {_h(doc.run_id)}</h2>")
         if report.series.bucket_s > 0.15:
             parts.append(
@@ -280,9 +307,9 @@ def html_page(report: Report) -> str:
         for index, chart in enumerate(drawn):
             parts.append(charts.html_div(chart))
             if index == 0 and slowest is not None:  # the lanes' timelines come first
-                parts.append(f"<p class=note>{_h(charts.slowest_line(slowest))}</p>")
+                parts.append(f"<p class=note>{_prose(charts.slowest_line(slowest))}</p>")
     parts.append(_host_html(doc))
-    command = reproduce_command(doc) or "# a watched training loop: run your training again"
+    command = report.reproduce or "# a watched training loop: run your training again"
     parts.append(
         "<h2>To reproduce it</h2>"
         f"<pre>{_h(command)}</pre>"
@@ -290,12 +317,14 @@ def html_page(report: Report) -> str:
         f"<pre>{_h(json.dumps(doc.config, indent=1))}</pre></details>"
     )
     title = f"feedscope: {report.subject}"
+    body = "".join(parts)
+    drawing = charts.page_script() if charts.CHART_CLASS in body else ""  # 0.7 MB: if needed
     return (
         "<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8>"
-        f"<title>{_h(title)}</title><style>{_CSS}</style>"
-        f"<script>{charts.plotly_js()}</script></head><body>"
+        f"<title>{_h(title)}</title><style>{_CSS}</style></head><body>"
         f"<h1>{_h(title)}</h1><p class=note>generated {_h(report.generated)} by feedscope</p>"
-        + "".join(parts)
+        + body
+        + drawing
         + "</body></html>\n"
     )
 
@@ -308,15 +337,16 @@ _CSS = (
     ".verdict{padding:.8em 1em;border-radius:6px;font-size:1.15em;font-weight:600}"
     ".high{background:#fdecea;color:#8a1c12}.moderate{background:#fff4e0;color:#7a4b00}"
     ".none{background:#eaf6ec;color:#1e5b2a}pre{background:#f6f6f6;padding:.8em;overflow-x:auto;"
-    "white-space:pre-wrap}"
+    "white-space:pre-wrap}code{background:#f3f3f3;padding:0 .2em;border-radius:3px}"
+    ".id{white-space:nowrap}"
 )
 
 
 def _verdict_html(report: Report) -> str:
     verdict = report.verdict
-    evidence = "".join(f"<li>{_h(item.text)}</li>" for item in verdict.evidence)
+    evidence = "".join(f"<li>{_prose(item.text)}</li>" for item in verdict.evidence)
     return (
-        f"<div class='verdict {_h(verdict.severity.value)}'>{_h(headline(verdict))}</div>"
+        f"<div class='verdict {_h(verdict.severity.value)}'>{_prose(headline(verdict))}</div>"
         f"<ul>{evidence}</ul>"
     )
 
@@ -324,7 +354,14 @@ def _verdict_html(report: Report) -> str:
 def _recommendations_html(report: Report) -> str:
     if not report.recommendations:
         return ""
-    return "<h2>Recommendations</h2>" + _grid(recommendation_grid(report.recommendations))
+    notes = "".join(
+        f"<li>{_prose(line)}</li>" for line in recommendation_notes(report.recommendations)
+    )
+    return (
+        "<h2>Recommendations</h2>"
+        + _grid(recommendation_grid(report.recommendations))
+        + f"<ol class=note>{notes}</ol>"
+    )
 
 
 def _session_html(report: Report) -> str:
@@ -336,21 +373,22 @@ def _session_html(report: Report) -> str:
     if session.points:
         out.append(charts.html_div(charts.sweep_curve(session)))
     out.append(_grid(point_grid(session)))
-    out += [f"<p class='note'>{_h(line)}</p>" for line in curve_lines(session)]
+    out += [f"<p class='note'>{_prose(line)}</p>" for line in point_notes(session)]
+    out += [f"<p class='note'>{_prose(line)}</p>" for line in curve_lines(session)]
     out.append(_grid(brief_grid(report.runs)))
     if dali is not None and dali.images_per_s is not None and knee is not None:
         out.append("<h2>DataLoader against DALI</h2>")
         ids = {knee.run_id, dali.run_id}
         out.append(charts.html_div(charts.compare_bars([b for b in report.runs if b.run in ids])))
         ratio = dali.images_per_s / knee.images_per_s if knee.images_per_s else 0.0
-        advice = f" {_h(dali.advice)}" if dali.advice else ""
+        advice = f" {_prose(dali.advice)}" if dali.advice else ""
         out.append(
             f"<p>The DataLoader at the knee ({knob}={knee.setting}) gave "
             f"{IMAGES_PER_S.text(knee.images_per_s)}; {_h(dali.change.setting)} gave "
             f"{IMAGES_PER_S.text(dali.images_per_s)} ({ratio:.2f}x).{advice}</p>"
         )
     elif dali is not None and dali.reason:
-        out.append(f"<p>DALI: not measured: {_h(dali.reason)}</p>")
+        out.append(f"<p>DALI: not measured: {_prose(dali.reason)}</p>")
     if session.kind is SessionKind.DOCTOR:
         lines = epochs_lines(session.epochs)
         alone = session.consumer_alone
@@ -364,7 +402,7 @@ def _session_html(report: Report) -> str:
             lines.append(
                 f"the lanes started once for the whole session, in {session.startup_s:.1f} s"
             )
-        out += [f"<p>{_h(line)}</p>" for line in lines]
+        out += [f"<p>{_prose(line)}</p>" for line in lines]
     return "".join(out)
 
 
@@ -375,15 +413,14 @@ def _lanes_html(report: Report) -> str:
     head = (
         f"<h2>Run {_h(doc.run_id)}</h2><p>{_h(doc.pipeline)}, consumer "
         f"{_h(doc.consumer)}{_h(label)}; {_h(doc.status + reason)}; "
-        f"{IMAGES_PER_S.text(doc.images_per_s)}, all lanes; {DATA_WAIT.label} "
-        f"{DATA_WAIT.text(doc.data_wait_frac)} (the worst lane's); data "
+        f"{IMAGES_PER_S.text(doc.images_per_s)}, all lanes; {run_wait(doc)}; data "
         f"<code>{_h(doc.config['spec']['data_dir'])}</code></p>"
     )
     unavailable = "".join(
-        f"<li>{_h(u['metric'])}: {_h(u['reason'])}</li>" for u in doc.unavailable_metrics
+        f"<li>{_h(u['metric'])}: {_prose(u['reason'])}</li>" for u in doc.unavailable_metrics
     )
     tail = f"<p class=note>Not measured here:</p><ul class=note>{unavailable}</ul>"
-    notes = "".join(f"<li>{_h(note)}</li>" for note in run_notes(doc))
+    notes = "".join(f"<li>{_prose(note)}</li>" for note in run_notes(doc))
     return (
         head
         + _grid(lane_grid(doc))
@@ -397,21 +434,21 @@ def _stages_html(doc: RunDocument) -> str:
     figure = charts.stage_bars(doc.lanes)
     if figure is None:
         return ""
-    return charts.html_div(figure) + f"<p class=note>{_h(charts.stage_line(doc.lanes))}</p>"
+    return (
+        charts.html_div(figure) + f"<p class=note>{_prose(charts.stage_line(doc.lanes) or '')}</p>"
+    )
 
 
 def _host_html(doc: RunDocument) -> str:
     host = doc.host
     rows = [
-        [_h(key), _h(value)]
+        [_h(key), _h(_fact(host, key))]
         for key, value in host.items()
         if key != "gpus" and not isinstance(value, (dict, list))
     ]
     gpus = [
         [
-            _h(g.get("index")),
-            _h(g.get("name")),
-            _h(g.get("uuid")),
+            *(_h(_fact(g, key)) for key in ("index", "name", "uuid")),
             MEMORY.number(g.get("memory_mib")),
         ]
         for g in host.get("gpus", [])
@@ -423,7 +460,11 @@ def _host_html(doc: RunDocument) -> str:
 
 
 def _grid(grid: Grid) -> str:
-    rows = [[_h(cell) for cell in row] for row in grid.rows]
+    rows = [
+        [f"<span class=id>{_h(cell)}</span>" if name == "run" else _prose(cell)
+         for name, cell in zip(grid.header, row, strict=True)]
+        for row in grid.rows
+    ]  # fmt: skip
     return _table(list(grid.header), rows, set(grid.numeric))
 
 
@@ -446,13 +487,32 @@ def _h(value: object) -> str:
     return html.escape(str(value), quote=True)
 
 
+def _prose(value: object) -> str:
+    """Text escaped (`_h`), its `code` marks drawn as <code>."""
+    return _CODE_MARKS.sub(r"<code>\1</code>", _h(value))
+
+
 # --- shared ------------------------------------------------------------------------------------
 
 
 def _host_line(host: Mapping[str, Any]) -> str:
-    gpus = ", ".join(f"{g.get('index')}: {g.get('name')}" for g in host.get("gpus", []))
+    gpus = ", ".join(f"{_fact(g, 'index')}: {_fact(g, 'name')}" for g in host.get("gpus", []))
     return (
-        f"{host.get('hostname', '?')}: {host.get('cpus', '?')} CPU cores, "
-        f"GPUs {gpus or 'none'}; torch {host.get('torch', '?')}, "
-        f"DALI {host.get('dali') or 'not installed'}"
+        f"{_fact(host, 'hostname')}: {_fact(host, 'cpus')} CPU cores, GPUs {gpus or 'none'}; "
+        f"driver {_fact(host, 'driver')}, torch {_fact(host, 'torch')}, CUDA "
+        f"{_fact(host, 'cuda')}, DALI {_fact(host, 'dali')}"
     )
+
+
+# What a host fact that is None means; any other: not measured.
+_ABSENT = {
+    "driver": "not found (no GPU sampled)",
+    "cuda": "none (a CPU build of torch)",
+    "dali": "not installed",
+}
+
+
+def _fact(facts: Mapping[str, Any], key: str) -> str:
+    """A host's (or a GPU's) fact as text: what its absence means where it is None."""
+    value = facts.get(key)
+    return _ABSENT.get(key, "not measured") if value is None else str(value)

@@ -47,17 +47,19 @@ def runs(db: Path | None, as_json: bool, limit: int) -> int:
 def show(db: Path | None, run_id: str, as_json: bool) -> int:
     """A run and its diagnosis, or a sweep or doctor session."""
     from probe.judge.diagnosis import diagnose_run
-    from probe.judge.results import read_session
+    from probe.judge.results import is_session_id, read_session, resolve_subject
 
     with Store(db) as store:
-        if run_id.startswith(("sweep-", "doctor-")):
-            session = read_session(store, run_id)
+        subject = resolve_subject(store, run_id)
+        if is_session_id(subject):
+            session = read_session(store, subject)
             if as_json:
                 click.echo(json.dumps(session.to_json(), indent=2))
             else:
                 console.print_session(session)
+                console.say(f"session {session.session_id}")
             return 0
-        document = read_run(store, run_id)
+        document = read_run(store, subject)
         diagnosis = diagnose_run(store, document.run_id)
     if as_json:
         click.echo(json.dumps({**document.to_json(), "diagnosis": diagnosis.to_json()}, indent=2))
@@ -77,6 +79,11 @@ def show(db: Path | None, run_id: str, as_json: bool) -> int:
         ]
     )
     console.print_run(document, diagnosis)
+    if diagnosis.answered_by is not None:
+        console.say(
+            f"the recommendations are doctor session {diagnosis.answered_by}'s, measured: this "
+            f"run is one of its points (`probe show {diagnosis.answered_by}`)"
+        )
     return 0
 
 
@@ -121,8 +128,11 @@ def check(
         max_batch_latency_p99_ms,
     )
     thresholds.check()
+    from probe.judge.results import focus_run, resolve_subject
+
     with Store(db) as store:
-        result = check_run(read_run(store, run_id), thresholds)
+        run = focus_run(store, resolve_subject(store, run_id))
+        result = check_run(read_run(store, run), thresholds)
     if as_json:
         click.echo(json.dumps(result, indent=2))
     elif result["passed"]:

@@ -7,6 +7,7 @@ Labels, units and formats are those of `probe.metrics`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -39,7 +40,38 @@ class Grid:
         return [dict(zip(self.header, row, strict=True)) for row in self.rows]
 
 
+SHORT = 40  # characters of a table cell; a longer text is shortened, and shown whole under it
+
+
+def short(text: str, limit: int = SHORT) -> str:
+    """A table cell's text: `text` itself where it is short, else its head (up to its first
+    ': ' or '; ', and within `limit`, up to a space) and '…'."""
+    if len(text) <= limit:
+        return text
+    head = re.split(r": |; ", text, maxsplit=1)[0]
+    if len(head) >= limit:
+        head = head[: limit - 1].rsplit(" ", 1)[0]
+    if head.count("`") % 2:  # a `code` mark cut in two: up to where it opened
+        head = head[: head.rindex("`")]
+    return head.rstrip(" ,") + "…"
+
+
 LATENCY_HEADING = f"{LATENCY.label} p50/p95/p99 {LATENCY.unit}"
+PIPELINE_ONLY_WAIT = "- (no consumer)"
+
+
+def pipeline_only(consumer: str) -> bool:
+    """A run with no consumer measures the pipeline's capacity: it waits for data all the time
+    by design, and that is not starvation."""
+    return consumer == "none"
+
+
+def run_wait(document: RunDocument) -> str:
+    """A run's data-wait in words: its worst lane's, or for a run with no consumer, that it
+    measured capacity."""
+    if pipeline_only(document.consumer):
+        return "no consumer: its data-wait is the pipeline's capacity at work, not starvation"
+    return f"{DATA_WAIT.label} {DATA_WAIT.text(document.data_wait_frac)} (the worst lane's)"
 
 
 def lane_grid(document: RunDocument) -> Grid:
@@ -92,20 +124,49 @@ def brief_grid(briefs: Sequence[RunBrief]) -> Grid:
 
 def recommendation_grid(recommendations: Sequence[Recommendation]) -> Grid:
     """Ranked recommendations: the change, what it is, predicted and verified images/s, and how
-    the prediction was made."""
+    the prediction was made; long texts `short` (`recommendation_notes` has them whole)."""
     header = ("#", "change", "what", "predicted images/s", "verified images/s", "basis")
     rows = tuple(
         (
             str(rank),
             item.setting,
-            item.action,
+            short(item.action),
             IMAGES_PER_S.cell(item.predicted_images_per_s, item.predicted_error),
             IMAGES_PER_S.cell(item.measured_images_per_s),
-            "; ".join([item.basis, *item.notes]),
+            short(item.basis),
         )
         for rank, item in enumerate(recommendations, 1)
     )
     return Grid(header, rows, frozenset({0, 3, 4}))
+
+
+def recommendation_notes(recommendations: Sequence[Recommendation]) -> list[str]:
+    """What `recommendation_grid` shortens, whole, a line per recommendation in its order:
+    what it is, how it was predicted, its notes."""
+    return [
+        "; ".join([f"{item.setting}: {item.action}", f"basis: {item.basis}", *item.notes])
+        for item in recommendations
+    ]
+
+
+def recommendation_text(item: Recommendation) -> str:
+    """A recommendation in one line: the change, what it does, and its images/s, predicted and
+    verified."""
+    return f"{item.setting}: {item.action}{recommendation_rates(item)}"
+
+
+def recommendation_rates(item: Recommendation) -> str:
+    """'; predicted 3,659 ± 44 images/s, verified 3,633 images/s' (what of it is known)."""
+    text = ""
+    if item.predicted_images_per_s is not None:
+        predicted = IMAGES_PER_S.text(item.predicted_images_per_s, item.predicted_error)
+        text += f"; predicted {predicted}"
+    if item.measured_images_per_s is not None:
+        text += f", verified {IMAGES_PER_S.text(item.measured_images_per_s)}"
+    return text
+
+
+OVERSUBSCRIBED, HOST_BUSY = "oversubscribed", "host busy"  # a point's marks in `point_grid`
 
 
 def point_grid(session: Session) -> Grid:
@@ -132,8 +193,8 @@ def point_grid(session: Session) -> Grid:
             for mark, holds in (
                 ("knee", point.setting == knee),
                 ("best", point.setting == best),
-                ("oversubscribed: slower than the best", point.setting in over),
-                ("the host was busy: not trusted", point.host_busy),
+                (OVERSUBSCRIBED, point.setting in over),
+                (HOST_BUSY, point.host_busy),
             )
             if holds
         ]
@@ -157,10 +218,21 @@ def point_grid(session: Session) -> Grid:
     for skipped in session.skipped:
         predicted = session.predicted(skipped.setting)
         guess = (IMAGES_PER_S.cell(predicted), "not measured") if predicting else ()
-        rows.append((str(skipped.setting), "-", *guess, "-", "-",
-                     f"not run: {skipped.reason}", ""))  # fmt: skip
+        rows.append((str(skipped.setting), "-", *guess, "-", "-", "not run", ""))
     numeric = frozenset(range(len(header) - 2)) - ({3} if predicting else set())
     return Grid(header, tuple(rows), numeric)
+
+
+def point_notes(session: Session) -> list[str]:
+    """What `point_grid`'s marks mean, where a point has them, and why each setting not run
+    was not."""
+    notes = []
+    if {point.setting for point in session.points} & set(session.oversubscribed):
+        notes.append(f"{OVERSUBSCRIBED}: slower than the best setting measured")
+    if any(point.host_busy for point in session.points):
+        notes.append(f"{HOST_BUSY}: other processes took the host's CPU while it measured, so "
+                     "its figures are not trusted")  # fmt: skip
+    return notes + [f"{session.knob}={s.setting} not run: {s.reason}" for s in session.skipped]
 
 
 def curve_lines(session: Session) -> list[str]:
@@ -280,7 +352,7 @@ def epochs_lines(epochs: EpochsRun | None) -> list[str]:
     if epochs is None:
         return []
     if epochs.images_per_s is None:
-        return [f"epoch by epoch: not measured: {epochs.reason}"]
+        return [f"epoch by epoch: not measured{because(epochs.reason)}"]
     shown = IMAGES_PER_S.text(epochs.images_per_s, epochs.images_per_s_error)
     line = (
         f"epoch by epoch (num_workers={epochs.num_workers}, {epochs.batches_per_epoch} batches "
@@ -292,6 +364,11 @@ def epochs_lines(epochs: EpochsRun | None) -> list[str]:
     if start:
         line += f"; each epoch start {start.stall_ms:,.0f} ms, {start.share:.1%} of the time"
     return [line]
+
+
+def because(reason: str | None) -> str:
+    """': REASON' to follow what did not happen; nothing where no reason was recorded."""
+    return f": {reason}" if reason else ""
 
 
 def diagnosis_lines(verdict: Verdict, recommendations: Sequence[Recommendation]) -> list[str]:
@@ -320,8 +397,14 @@ def doctor_lines(session: Session) -> list[str]:
     """The doctor's answer: verdict, DALI, the epoch reading, recommendations and
     verification, as text."""
     if session.verdict is None:
-        return [f"session {session.session_id}: no answer: {session.reason}"]
-    lines = diagnosis_lines(session.verdict, session.recommendations)
+        return [f"session {session.session_id}: no answer{because(session.reason)}"]
+    return diagnosis_lines(session.verdict, session.recommendations) + doctor_notes(session)
+
+
+def doctor_notes(session: Session) -> list[str]:
+    """What the doctor measured besides its sweep: DALI, the epoch reading, the verification,
+    its start-up and its consumer."""
+    lines = []
     dali = session.dali
     if dali is not None and dali.images_per_s is not None:
         shown = IMAGES_PER_S.text(dali.images_per_s, dali.images_per_s_error)
@@ -329,13 +412,15 @@ def doctor_lines(session: Session) -> list[str]:
         line = f"DALI ({dali.change.setting}): {shown}, {DATA_WAIT.label} {wait}"
         lines.append(line + (f": {dali.advice}" if dali.advice else ""))
     elif dali is not None:
-        lines.append(f"DALI: not measured: {dali.reason}")
+        lines.append(f"DALI: not measured{because(dali.reason)}")
     lines += epochs_lines(session.epochs)
     verify = session.verify
     if verify is None:
         lines.append("not verified: the budget ran out, the run was stopped, or nothing to run")
     elif verify.error_frac is not None:
         agrees = "within" if verify.agrees else "more than"
+        if verify.host_busy:
+            agrees = "measured while other processes took the host's CPU, not trusted; " + agrees
         predicted = IMAGES_PER_S.cell(
             verify.predicted_images_per_s, verify.predicted_images_per_s_error
         )

@@ -8,15 +8,23 @@ kernel-active (NVML utilization.gpu), which overstates busy-ness.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
+from rich.console import Console, ConsoleOptions, RenderResult
 from rich.table import Table
 
 from probe.judge.results import Session
 from probe.measure.bench import BenchResult
 from probe.metrics import DATA_WAIT, IMAGES_PER_S, LaneFigures
-from probe.present.tables import lane_grid, point_grid
+from probe.present.tables import (
+    PIPELINE_ONLY_WAIT,
+    lane_grid,
+    pipeline_only,
+    point_grid,
+    point_notes,
+    run_wait,
+)
 from probe.store.documents import RunDocument
 
 
@@ -46,7 +54,7 @@ def run_table(document: RunDocument) -> Table:
         title=f"run {document.run_id}: {document.pipeline}, consumer {document.consumer} "
         f"({document.status})",
         caption=f"all lanes: {IMAGES_PER_S.text(document.images_per_s)}, "
-        f"{DATA_WAIT.label} {DATA_WAIT.text(document.data_wait_frac)} (the worst lane's); "
+        f"{run_wait(document)}; "
         "± is the 95% interval; warm-up batches excluded",
     )
     shown = [i for i, column in enumerate(grid.header) if column != "reason"]
@@ -71,20 +79,57 @@ def run_line(document: RunDocument) -> str:
     return f"{rate}{waited} ({document.status}, run {document.run_id}{took})"
 
 
-def runs_table(documents: Sequence[RunDocument]) -> Table:
-    """The newest runs, one row each; data-wait is each run's (its worst lane's)."""
-    table = Table(title=f"Runs ({len(documents)} newest)")
-    for column in ("run", "created (UTC)", "status", "pipeline", "consumer", "lanes",
-                   IMAGES_PER_S.heading, DATA_WAIT.heading, "label"):  # fmt: skip
-        table.add_column(column, justify="right" if column in _NUMERIC else "left",
-                         no_wrap=column == "run")  # fmt: skip
-    for d in documents:
-        table.add_row(
-            d.run_id, d.created.replace("T", " ").rstrip("Z"), d.status, d.pipeline,
-            d.consumer, lanes_text(d), IMAGES_PER_S.cell(d.images_per_s),
-            DATA_WAIT.cell(d.data_wait_frac), d.label or "",
-        )  # fmt: skip
-    return table
+def runs_table(documents: Sequence[RunDocument]) -> Fitted:
+    """The newest runs, one row each; data-wait is each run's (its worst lane's). Run ids stay
+    whole however narrow the console: where its columns do not fit, each id has the rest of
+    its run beside it, in a line that wraps."""
+    title = f"Runs ({len(documents)} newest)"
+    header = ("run", "created (UTC)", "status", "pipeline", "consumer", "lanes",
+              IMAGES_PER_S.heading, DATA_WAIT.heading)  # fmt: skip
+    rows = [
+        (d.run_id, d.created.replace("T", " ").rstrip("Z"), d.status, d.pipeline, d.consumer,
+         lanes_text(d), IMAGES_PER_S.cell(d.images_per_s),
+         PIPELINE_ONLY_WAIT if pipeline_only(d.consumer) else DATA_WAIT.cell(d.data_wait_frac))
+        for d in documents
+    ]  # fmt: skip
+    wide, narrow = Table(title=title), Table(title=title)
+    for table in (wide, narrow):
+        table.add_column("run", **_whole(d.run_id for d in documents))
+    for column in header[1:]:
+        wide.add_column(column, justify="right" if column in _NUMERIC else "left")
+    wide.add_column("label", overflow="fold")  # free text: it gives way first
+    narrow.add_column("created (UTC), status; pipeline, consumer, lanes; figures; label")
+    for d, row in zip(documents, rows, strict=True):
+        wide.add_row(*row, d.label or "")
+        label = f"; label {d.label}" if d.label else ""
+        narrow.add_row(
+            d.run_id,
+            f"{row[1]}, {d.status}; {d.pipeline}, consumer {d.consumer}, {row[5]}; "
+            f"{IMAGES_PER_S.text(d.images_per_s)}, {DATA_WAIT.label} {row[7]}{label}",
+        )
+    # the columns' longest words, their padding and rules, and a little room for the label
+    needs = sum(3 + max(len(word) for text in column for word in text.split())
+                for column in zip(header, *rows, strict=True)) + 4 + LABEL_ROOM  # fmt: skip
+    return Fitted(wide, narrow, needs)
+
+
+LABEL_ROOM = 8  # columns the label keeps in the wide layout (it folds into them)
+
+
+class Fitted:
+    """A table drawn as it is where the console has the columns it `needs`, else another, of
+    fewer columns."""
+
+    def __init__(self, table: Table, narrow: Table, needs: int) -> None:
+        self.table, self.narrow, self.needs = table, narrow, needs
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield self.table if self.needs <= options.max_width else self.narrow
+
+
+def _whole(values: Iterable[str]) -> dict[str, Any]:
+    """A column's settings that keep each of `values` (run ids) whole, on one line."""
+    return {"no_wrap": True, "min_width": max(map(len, values), default=0)}
 
 
 def lanes_text(document: RunDocument) -> str:
@@ -95,12 +140,17 @@ def lanes_text(document: RunDocument) -> str:
 
 
 def sweep_table(session: Session) -> Table:
-    """A sweep's points (a doctor's too), its knee and what it flagged."""
+    """A sweep's points (a doctor's too), its knee and what it flagged (what its marks mean,
+    and why a setting was not run, under it)."""
     grid = point_grid(session)
     table = Table(title=f"sweep of {session.knob}, consumer {session.consumer}")
-    table.caption = "± is the 95% interval of each point's images/s"
+    table.caption = "\n".join(["± is the 95% interval of each point's images/s",
+                               *point_notes(session)])  # fmt: skip
     for i, column in enumerate(grid.header):
-        table.add_column(column, justify="right" if i in grid.numeric else "left")
+        if column == "run":
+            table.add_column(column, **_whole(row[i] for row in grid.rows))
+        else:
+            table.add_column(column, justify="right" if i in grid.numeric else "left")
     for row in grid.rows:
         table.add_row(*row)
     return table

@@ -3,6 +3,9 @@
 WAL mode and a busy timeout let readers (the dashboard, `probe show`) read while a probe writes;
 the probe's coordinating process is the only writer of a run. The schema version is kept in the
 `meta` table. Where the file lives: `--db`, else `$FEEDSCOPE_DB`, else the user's data folder.
+
+Samples and batches are written with their rollups (`probe.store.rollups`), in one transaction;
+what a run's totals and windows need is read from those, a bounded number of rows.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from probe.records import (
     SessionRecord,
     Unavailable,
 )
+from probe.store import rollups
+from probe.store.rollups import GPU, HOST, BatchTotals, Samples, Totals
 from probe.store.schema import (
     add_lanes,
     host_from_row,
@@ -41,6 +46,18 @@ from probe.store.schema import (
 )
 
 ENV_VAR = "FEEDSCOPE_DB"
+BATCH_COLUMNS = (
+    "run_id", "lane", "idx", "t_ns", "wait_s", "step_s", "size", "warmup", "epoch", "synced"
+)  # fmt: skip
+GPU_TABLE_COLUMNS = ("run_id", "gpu_uuid", "t_ns", *GPU_COLUMNS)
+HOST_COLUMNS = (
+    "run_id", "hostname", "t_ns", "cpu_pct", "per_core", "iowait_pct", "steal_pct",
+    "disk_read_mib_s", "memory_used_mib", "tree_cpu_pct", "tree_processes",
+)  # fmt: skip
+LANE_CPU_COLUMNS = (
+    "run_id", "lane", "t_ns", "cpu_pct", "main_cpu_pct", "main_thread_cpu_pct", "processes",
+    "threads", "pss_mib", "worker_threads",
+)  # fmt: skip
 
 
 def default_db_path() -> Path:
@@ -72,6 +89,10 @@ class Store:
             self._db.row_factory = sqlite3.Row
             self._db.execute("PRAGMA busy_timeout = 10000")
             self._db.execute("PRAGMA journal_mode = WAL")
+            # WAL keeps the store whole at any crash with this; a power cut may lose the last
+            # writes. The staged rows of a write stay in memory.
+            self._db.execute("PRAGMA synchronous = NORMAL")
+            self._db.execute("PRAGMA temp_store = MEMORY")
             self._db.execute("PRAGMA foreign_keys = ON")
             migrate(self._db)
         except (sqlite3.DatabaseError, OSError) as error:
@@ -156,19 +177,14 @@ class Store:
             for e in events
         ]  # fmt: skip
         with self.transaction() as db:
-            db.executemany(
-                "INSERT OR REPLACE INTO batches (run_id, lane, idx, t_ns, wait_s, step_s, size, "
-                "warmup, epoch, synced) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                rows,
-            )
+            rollups.add(db, "batches", run_id, BATCH_COLUMNS, rows)
 
     def add_gpu_samples(self, run_id: str, samples: Iterable[GpuSample]) -> None:
         rows = [
             (run_id, s.gpu_uuid, s.t_ns, *(getattr(s, c) for c in GPU_COLUMNS)) for s in samples
         ]
-        marks = ", ".join("?" * (3 + len(GPU_COLUMNS)))
         with self.transaction() as db:
-            db.executemany(f"INSERT OR REPLACE INTO gpu_samples VALUES ({marks})", rows)
+            rollups.add(db, "gpu_samples", run_id, GPU_TABLE_COLUMNS, rows)
 
     def add_host_samples(self, run_id: str, hostname: str, samples: Iterable[HostSample]) -> None:
         rows = [
@@ -180,9 +196,7 @@ class Store:
             for s in samples
         ]  # fmt: skip
         with self.transaction() as db:
-            db.executemany(
-                "INSERT OR REPLACE INTO host_samples VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows
-            )
+            rollups.add(db, "host_samples", run_id, HOST_COLUMNS, rows)
 
     def add_lane_cpu(self, run_id: str, samples: Iterable[LaneCpuSample]) -> None:
         rows = [
@@ -193,12 +207,7 @@ class Store:
             for s in samples
         ]  # fmt: skip
         with self.transaction() as db:
-            db.executemany(
-                "INSERT OR REPLACE INTO lane_cpu (run_id, lane, t_ns, cpu_pct, main_cpu_pct, "
-                "main_thread_cpu_pct, processes, threads, pss_mib, worker_threads) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                rows,
-            )
+            rollups.add(db, "lane_cpu", run_id, LANE_CPU_COLUMNS, rows)
 
     def add_unavailable(self, run_id: str, items: Iterable[Unavailable]) -> None:
         rows = [(run_id, u.source, u.device, u.metric, u.reason) for u in items]
@@ -283,17 +292,17 @@ class Store:
             for row in rows
         ]  # fmt: skip
 
-    def gpu_samples(self, run_id: str, gpu_uuid: str | None = None) -> list[GpuSample]:
-        query = "SELECT * FROM gpu_samples WHERE run_id = ?"
-        params: tuple[Any, ...] = (run_id,)
-        if gpu_uuid is not None:
-            query, params = query + " AND gpu_uuid = ?", (run_id, gpu_uuid)
-        rows = self._db.execute(query + " ORDER BY gpu_uuid, t_ns", params)
+    def gpu_samples(
+        self, run_id: str, gpu_uuid: str | None = None, window: tuple[int, int] | None = None
+    ) -> list[GpuSample]:
+        """A run's GPU samples (of one GPU); with `window` (of one GPU), those timed in it and
+        the first after it, which covers the time up to its end."""
+        query, params = self._samples_query("gpu_samples", "gpu_uuid", run_id, gpu_uuid, window)
         return [
             GpuSample(
                 t_ns=row["t_ns"], gpu_uuid=row["gpu_uuid"], **{c: row[c] for c in GPU_COLUMNS}
             )
-            for row in rows
+            for row in self._db.execute(query, params)
         ]
 
     def host_samples(self, run_id: str) -> list[HostSample]:
@@ -302,10 +311,11 @@ class Store:
         ).fetchall()
         return [host_from_row(row) for row in rows]
 
-    def lane_cpu(self, run_id: str) -> list[LaneCpuSample]:
-        rows = self._db.execute(
-            "SELECT * FROM lane_cpu WHERE run_id = ? ORDER BY lane, t_ns", (run_id,)
-        )
+    def lane_cpu(
+        self, run_id: str, lane: int | None = None, window: tuple[int, int] | None = None
+    ) -> list[LaneCpuSample]:
+        """A run's lanes' CPU samples (of one lane); `window` as for `gpu_samples`."""
+        query, params = self._samples_query("lane_cpu", "lane", run_id, lane, window)
         return [
             LaneCpuSample(
                 t_ns=row["t_ns"], lane=row["lane"], cpu_pct=row["cpu_pct"],
@@ -313,7 +323,7 @@ class Store:
                 processes=row["processes"], threads=row["threads"], pss_mib=row["pss_mib"],
                 worker_threads=row["worker_threads"],
             )
-            for row in rows
+            for row in self._db.execute(query, params)
         ]  # fmt: skip
 
     def unavailable(self, run_id: str) -> list[Unavailable]:
@@ -326,49 +336,121 @@ class Store:
 
     def sample_counts(self, run_id: str) -> dict[str, int]:
         """How many GPU and host samples a run holds."""
-        gpu = self._db.execute("SELECT COUNT(*) FROM gpu_samples WHERE run_id = ?", (run_id,))
-        host = self._db.execute("SELECT COUNT(*) FROM host_samples WHERE run_id = ?", (run_id,))
-        return {"gpu": gpu.fetchone()[0], "host": host.fetchone()[0]}
+        counts = {}
+        for name, kind in (("gpu", GPU), ("host", HOST)):
+            row = self._db.execute(
+                f"SELECT COALESCE(SUM(samples), 0) FROM {kind.table} "
+                "WHERE run_id = ? AND res_s = ?",
+                (run_id, rollups.COARSEST_S),
+            ).fetchone()
+            counts[name] = row[0]
+        return counts
 
     # aggregates: what long runs need without loading every row
 
+    def batch_totals(self, run_id: str, lane: int, warmup: bool = False) -> BatchTotals:
+        """A lane's measured batches (or its warm-up ones) summed."""
+        row = self._db.execute(
+            "SELECT COALESCE(SUM(batches), 0), COALESCE(SUM(images), 0), TOTAL(wait_s), "
+            "TOTAL(step_s), TOTAL(seconds), MIN(first_ns), MAX(end_ns), MIN(first_idx), "
+            "MAX(last_idx) FROM batch_rollup "
+            "WHERE run_id = ? AND res_s = ? AND warmup = ? AND lane = ?",
+            (run_id, rollups.COARSEST_S, int(warmup), lane),
+        ).fetchone()
+        return BatchTotals(*row)
+
     def batch_stats(self, run_id: str, lane: int) -> dict[str, Any]:
         """A lane's measured batches: count, first request, last end, mean step (s)."""
-        row = self._db.execute(
-            "SELECT COUNT(*) AS n, MIN(t_ns) AS start_ns, "
-            "MAX(t_ns + CAST((wait_s + step_s) * 1e9 AS INTEGER)) AS end_ns, "
-            "AVG(step_s) AS step_mean_s FROM batches "
-            "WHERE run_id = ? AND lane = ? AND warmup = 0",
-            (run_id, lane),
-        ).fetchone()
-        return dict(row)
+        totals = self.batch_totals(run_id, lane)
+        return {
+            "n": totals.batches,
+            "start_ns": totals.first_ns,
+            "end_ns": totals.end_ns,
+            "step_mean_s": totals.step_s / totals.batches if totals.batches else None,
+        }
 
     def host_means(
         self, run_id: str, hostname: str, start_ns: int, end_ns: int
     ) -> dict[str, float | None]:
         """Mean figures of one host between two times: cpu_pct, iowait_pct, steal_pct,
         disk_read_mib_s, tree_cpu_pct (the run's processes)."""
-        row = self._db.execute(
-            "SELECT AVG(cpu_pct) AS cpu_pct, AVG(iowait_pct) AS iowait_pct, "
-            "AVG(steal_pct) AS steal_pct, AVG(disk_read_mib_s) AS disk_read_mib_s, "
-            "AVG(tree_cpu_pct) AS tree_cpu_pct "
-            "FROM host_samples WHERE run_id = ? AND hostname = ? AND t_ns BETWEEN ? AND ?",
-            (run_id, hostname, start_ns, end_ns),
-        ).fetchone()
-        return dict(row)
+        totals = self.totals(HOST, run_id, hostname, (start_ns, end_ns))
+        names = ("cpu_pct", "iowait_pct", "steal_pct", "disk_read_mib_s", "tree_cpu_pct")
+        return {name: totals[name].mean for name in names}
+
+    def totals(
+        self,
+        kind: Samples,
+        run_id: str,
+        key: str | int,
+        window: tuple[int, int],
+        then: bool = False,
+    ) -> dict[str, Totals]:
+        """Each metric of `kind`'s samples of `key` (a GPU, a lane, a host) timed within
+        `window` (both ends included), and with `then` the first sample after it, which covers
+        the time up to its end: from whole buckets of the rollups, and the raw rows of the
+        window's partial seconds at its ends."""
+        whole, raw = rollups.pieces(window[0], window[1] + 1, self._origin(run_id))
+        out = {m: Totals() for m in kind.metrics}
+        stats = ", ".join(
+            f"SUM({m}_n), TOTAL({m}_sum), MIN({m}_min), MAX({m}_max)" for m in kind.metrics
+        )
+        rows = [
+            self._db.execute(
+                f"SELECT {stats} FROM {kind.table} WHERE run_id = ? AND res_s = ? "
+                f"AND {kind.key} = ? AND bucket BETWEEN ? AND ?",
+                (run_id, res_s, key, first, last),
+            ).fetchone()
+            for res_s, first, last in whole
+        ]
+        stats = ", ".join(f"COUNT({m}), TOTAL({m}), MIN({m}), MAX({m})" for m in kind.metrics)
+        rows += [
+            self._db.execute(
+                f"SELECT {stats} FROM {kind.source} WHERE run_id = ? AND {kind.key} = ? "
+                "AND t_ns >= ? AND t_ns < ?",
+                (run_id, key, start, end),
+            ).fetchone()
+            for start, end in raw
+        ]
+        if then:
+            values = ", ".join(kind.metrics)
+            after = self._db.execute(
+                f"SELECT {values} FROM {kind.source} WHERE run_id = ? AND {kind.key} = ? "
+                "AND t_ns > ? ORDER BY t_ns LIMIT 1",
+                (run_id, key, window[1]),
+            ).fetchone()
+            if after is not None:
+                rows.append([x for v in after for x in (int(v is not None), v or 0.0, v, v)])
+        for row in rows:
+            for i, m in enumerate(kind.metrics):
+                out[m] += Totals(row[4 * i] or 0, row[4 * i + 1], row[4 * i + 2], row[4 * i + 3])
+        return out
+
+    def batch_ranks(
+        self, run_id: str, lane: int, kind: str, ranks: Sequence[int]
+    ) -> dict[int, int]:
+        """Per rank (0: the shortest) of a lane's measured batches by `kind` (latency, wait or
+        step), the `batch_bins` bin (its start, us) that holds it."""
+        rows = self._db.execute(
+            "WITH bins AS MATERIALIZED (SELECT key_us, SUM(n) OVER (ORDER BY key_us) AS upto "
+            "FROM batch_bins WHERE run_id = ? AND kind = ? AND lane = ?) "
+            "SELECT r.value, (SELECT MIN(key_us) FROM bins WHERE upto > r.value) "
+            "FROM json_each(?) AS r",
+            (run_id, kind, lane, json.dumps(sorted(set(ranks)))),
+        )
+        return {row[0]: row[1] for row in rows}
 
     def time_span(self, run_id: str) -> tuple[int, int] | None:
         """The first and last time anything of the run was recorded (monotonic ns)."""
         row = self._db.execute(
             "SELECT MIN(t), MAX(t) FROM ("
-            " SELECT MIN(t_ns) AS t FROM batches WHERE run_id = :run"
-            " UNION ALL SELECT MAX(t_ns + CAST((wait_s + step_s) * 1e9 AS INTEGER))"
-            "  FROM batches WHERE run_id = :run"
-            " UNION ALL SELECT MIN(t_ns) FROM gpu_samples WHERE run_id = :run"
-            " UNION ALL SELECT MAX(t_ns) FROM gpu_samples WHERE run_id = :run"
-            " UNION ALL SELECT MIN(t_ns) FROM host_samples WHERE run_id = :run"
-            " UNION ALL SELECT MAX(t_ns) FROM host_samples WHERE run_id = :run)",
-            {"run": run_id},
+            " SELECT MIN(first_ns) AS t FROM batch_rollup WHERE run_id = :run AND res_s = :res"
+            " UNION ALL SELECT MAX(end_ns) FROM batch_rollup WHERE run_id = :run AND res_s = :res"
+            " UNION ALL SELECT MIN(first_ns) FROM gpu_rollup WHERE run_id = :run AND res_s = :res"
+            " UNION ALL SELECT MAX(last_ns) FROM gpu_rollup WHERE run_id = :run AND res_s = :res"
+            " UNION ALL SELECT MIN(first_ns) FROM host_rollup WHERE run_id = :run AND res_s = :res"
+            " UNION ALL SELECT MAX(last_ns) FROM host_rollup WHERE run_id = :run AND res_s = :res)",
+            {"run": run_id, "res": rollups.COARSEST_S},
         ).fetchone()
         return None if row[0] is None else (row[0], row[1])
 
@@ -377,6 +459,28 @@ class Store:
         return self._db.execute(sql, params).fetchall()
 
     # internals
+
+    def _origin(self, run_id: str) -> int:
+        """Where the run's rollup buckets start: its start."""
+        row = self._db.execute("SELECT started_ns FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        return 0 if row is None else int(row[0])
+
+    @staticmethod
+    def _samples_query(
+        table: str, key: str, run_id: str, wanted: str | int | None, window: tuple[int, int] | None
+    ) -> tuple[str, dict[str, Any]]:
+        params: dict[str, Any] = {"run": run_id, "key": wanted}
+        query = f"SELECT * FROM {table} WHERE run_id = :run"
+        if wanted is not None:
+            query += f" AND {key} = :key"
+        if window is not None:
+            params["start"], params["end"] = window
+            first_after = (
+                f"SELECT MIN(t_ns) FROM {table} WHERE run_id = :run AND {key} = :key "
+                "AND t_ns > :end"
+            )
+            query += f" AND t_ns >= :start AND t_ns <= COALESCE(({first_after}), :end)"
+        return query + f" ORDER BY {key}, t_ns", params
 
     def _find(self, table: str, key: str, wanted: str, what: str) -> sqlite3.Row:
         """The row whose `key` is `wanted`, or the only one it starts.

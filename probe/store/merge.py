@@ -1,6 +1,8 @@
 """Joining stores: a run's lanes with everything recorded for them, handed from one store to
 another (the ranks of a torchrun probe to rank 0, the nodes of a job to one store by `probe
-merge`), with times from another host moved onto this run's clock.
+merge`), with times from another host moved onto this run's clock. The rows go through the
+store's writers, which keep the rollups; a run whose start moves has its rollups built again
+(their buckets count from it).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from probe.records import (
     RunRecord,
     RunStatus,
 )
+from probe.store import rollups
 from probe.store.db import Store
 from probe.store.schema import add_lanes, host_from_row, run_from_row, run_row
 
@@ -42,11 +45,8 @@ def import_run(store: Store, export: RunExport) -> list[int]:
     lanes = [lane for lane in export.lanes if lane.lane not in have]
     added = {lane.lane for lane in lanes}
     uuids = {lane.gpu_uuid for lane in lanes} - {None}
-    known = store.query("SELECT DISTINCT gpu_uuid FROM gpu_samples WHERE run_id = ?", (run.run_id,))
-    uuids -= {r[0] for r in known}
-    hosts = {r[0] for r in store.query(
-        "SELECT DISTINCT hostname FROM host_samples WHERE run_id = ?", (run.run_id,)
-    )}  # fmt: skip
+    uuids -= _recorded(store, rollups.GPU, run.run_id)
+    hosts = _recorded(store, rollups.HOST, run.run_id)
     with store.transaction() as db:
         add_lanes(db, lanes)
     add_rows(
@@ -136,14 +136,23 @@ def _join(store: Store, here: RunRecord, other: RunRecord, shift: int) -> None:
             nodes.setdefault(name, {k: v for k, v in facts.items() if k != "nodes"})
     if nodes:
         host["nodes"] = nodes
+    started = min(here.started_ns, other.started_ns + shift)
     with store.transaction() as db:
         db.execute(
             "UPDATE runs SET config = ?, host = ?, started_ns = ? WHERE run_id = ?",
-            (
-                json.dumps(config), json.dumps(host),
-                min(here.started_ns, other.started_ns + shift), here.run_id,
-            ),
-        )  # fmt: skip
+            (json.dumps(config), json.dumps(host), started, here.run_id),
+        )
+        if started != here.started_ns:
+            rollups.rebuild(db, here.run_id)
+
+
+def _recorded(store: Store, kind: rollups.Samples, run_id: str) -> set[Any]:
+    """The GPUs (or hosts) a run holds samples of."""
+    rows = store.query(
+        f"SELECT DISTINCT {kind.key} FROM {kind.table} WHERE run_id = ? AND res_s = ?",
+        (run_id, rollups.COARSEST_S),
+    )
+    return {row[0] for row in rows}
 
 
 _Timed = TypeVar("_Timed", BatchEvent, GpuSample, HostSample, LaneCpuSample)

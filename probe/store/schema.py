@@ -1,6 +1,7 @@
 """The store's tables and how records map to their rows: the schema (its version in the `meta`
 table, and the steps that bring an older store up to date) and the record <-> row conversions.
-The GPU samples' columns are the metric layer's GPU metrics.
+The GPU samples' columns are the metric layer's GPU metrics; the rollups' tables are written
+out by `probe.store.rollups`.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from typing import Any
 
 from probe.metrics import GPU_METRICS
 from probe.records import HostSample, LaneRecord, RunRecord, RunStatus, SessionRecord
+from probe.store import rollups
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -131,7 +133,7 @@ CREATE TABLE IF NOT EXISTS unavailable (
 def schema() -> str:
     """The tables; the GPU samples' columns are the metric layer's GPU metrics."""
     columns = ",\n    ".join(f"{m.name} {'INTEGER' if m.integer else 'REAL'}" for m in GPU_METRICS)
-    return _SCHEMA.replace("{gpu_columns}", columns)
+    return _SCHEMA.replace("{gpu_columns}", columns) + rollups.tables()
 
 
 def migrate(db: sqlite3.Connection) -> None:
@@ -167,6 +169,8 @@ def migrate(db: sqlite3.Connection) -> None:
         if "pss_mib" not in columns:  # 5 -> 6: a lane's memory (PSS), its workers' threads
             db.execute("ALTER TABLE lane_cpu ADD COLUMN pss_mib REAL")
             db.execute("ALTER TABLE lane_cpu ADD COLUMN worker_threads INTEGER")
+        if version is not None:  # 6 -> 7: rollups, built from the rows stored
+            rollups.rebuild(db)
         db.execute(
             "INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
         )

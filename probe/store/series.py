@@ -1,9 +1,11 @@
 """What the dashboard and the reports draw: a run's series, downsampled, and a live run's.
 
-Long runs hold hundreds of thousands of samples (an hour at 10 Hz on 8 GPUs: 288,000 GPU rows);
-the series here are aggregated in SQL per time bucket, about `points` buckets per run, keeping
-each bucket's minimum, mean and maximum so that a downsampled line still shows its peaks and
-dips. Times are seconds since the run's first record.
+Long runs hold millions of samples (a day at 10 Hz on 8 GPUs: 6.9 million GPU rows); the series
+here are about `points` buckets per run, each keeping its minimum, mean and maximum so that a
+downsampled line still shows its peaks and dips. They are read from the rollups
+(`probe.store.rollups`): whole buckets of the coarsest resolution that gives the chart two thirds
+of its points or more (`resolution`), a bounded number of rows whatever the run's length; a run
+shorter than `points` seconds from its raw rows. Times are seconds since the run's start.
 
 `slowest_lanes` names, per batch interval, the lane that waited longest for data: under
 synchronous DDP every step waits for the slowest rank, so that lane set the pace.
@@ -11,16 +13,15 @@ synchronous DDP every step waits for the slowest rank, so that lane set the pace
 
 from __future__ import annotations
 
+import json
 import sqlite3
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from probe.metrics import KERNEL_ACTIVE, MEMORY, NVJPG, SM_ACTIVE, wait_share
 from probe.records import HostSample, RunRecord
 from probe.store.db import Store
+from probe.store.rollups import COARSEST_S, RESOLUTIONS_S, SECOND_NS, floor_div, histogram_bin_us
 from probe.store.schema import host_from_row
 
 # GPU figures downsampled for the charts: the busy-ness figures, the decoder and memory
@@ -160,7 +161,7 @@ def run_series(store: Store, run_id: str, points: int = POINTS) -> RunSeries | N
         return None
     start = run.started_ns
     end = max(span[1], run.ended_ns or span[1])
-    bucket_ns = max(MIN_SAMPLE_BUCKET_NS, -(-(end - start) // points))  # ceiling division
+    res_s, bucket_ns = resolution(max(MIN_SAMPLE_BUCKET_NS, -(-(end - start) // points)))
     batch_bucket_ns = max(MIN_BATCH_BUCKET_NS, bucket_ns)  # as `RunSeries.batch_bucket_s`
     batch_bucket_s = batch_bucket_ns / 1e9
     lanes = {
@@ -171,46 +172,43 @@ def run_series(store: Store, run_id: str, points: int = POINTS) -> RunSeries | N
         )
         for lane in store.lanes(run.run_id)
     }
-    # Four independent scans of long tables: SQLite lets go of the GIL while it scans, so
-    # they run side by side, each on a connection of its own.
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        batches, cpu, gpu, host = pool.map(
-            lambda read: _read(store.path, read),
-            [
-                lambda s: batch_buckets(s, run.run_id, start, batch_bucket_ns),
-                lambda s: lane_cpu_buckets(s, run.run_id, start, bucket_ns),
-                lambda s: gpu_buckets(s, run.run_id, start, bucket_ns),
-                lambda s: host_rows_bucketed(s, run.run_id, start, bucket_ns),
-            ],
-        )
-    for row in batches:
+    for row in batch_buckets(store, run.run_id, batch_bucket_ns):
         series = lanes.get(row["lane"])
         if series is None:
             continue
-        series.t_s.append((row["bucket"] + 0.5) * batch_bucket_s)  # the interval's middle
+        series.t_s.append((row["slot"] + 0.5) * batch_bucket_s)  # the interval's middle
         series.images_per_s.append(row["images"] / batch_bucket_s)
         series.data_wait_frac.append(wait_share(row["wait_s"], row["step_s"]))
         series.latency_mean_ms.append(row["latency_mean_s"] * 1e3)
         series.latency_max_ms.append(row["latency_max_s"] * 1e3)
-    for row in cpu:
+    for row in lane_cpu_buckets(store, run.run_id, start, bucket_ns, res_s):
         series = lanes.get(row["lane"])
         if series is not None:
-            series.cpu_t_s.append(row["bucket"] * bucket_ns / 1e9)
+            series.cpu_t_s.append(row["slot"] * bucket_ns / 1e9)
             series.cpu_pct.append(row["cpu_pct"])
     return RunSeries(
         run_id=run.run_id,
         start_ns=start,
         bucket_s=bucket_ns / 1e9,
         lanes=[lanes[key] for key in sorted(lanes)],
-        gpus=_gpu_series(gpu, run, bucket_ns),
-        cpu=_cpu_strip(host, start),
+        gpus=_gpu_series(gpu_buckets(store, run.run_id, start, bucket_ns, res_s), run, bucket_ns),
+        cpu=_cpu_strip(host_rows_bucketed(store, run.run_id, start, bucket_ns, res_s), start),
         span_s=(0.0, (end - start) / 1e9),
     )
 
 
-def _read(path: Path, read: Callable[[Store], Any]) -> Any:
-    with Store(path) as store:
-        return read(store)
+def resolution(wanted_ns: int) -> tuple[int | None, int]:
+    """The rollup resolution (s) to draw buckets of about `wanted_ns` from, and the buckets'
+    length, a whole number of its buckets: the coarsest resolution whose buckets then are at
+    most 1.5 x `wanted_ns` (two thirds of the points, or more), else the finest; None and
+    `wanted_ns` (raw rows) for buckets shorter than the finest resolution."""
+    fits = [r for r in RESOLUTIONS_S if r * SECOND_NS <= wanted_ns]
+    for res_s in reversed(fits):
+        res_ns = res_s * SECOND_NS
+        bucket_ns = -(-wanted_ns // res_ns) * res_ns
+        if 2 * bucket_ns <= 3 * wanted_ns or res_s == fits[0]:
+            return res_s, bucket_ns
+    return None, wanted_ns
 
 
 def _gpu_series(gpu_rows: list[Any], run: RunRecord, bucket_ns: int) -> list[GpuSeries]:
@@ -228,7 +226,7 @@ def _gpu_series(gpu_rows: list[Any], run: RunRecord, bucket_ns: int) -> list[Gpu
             c: Band() for c in (busy_column, "kernel_active_pct", "nvjpg_pct", "memory_used_mib")
         }
         for row in rows:
-            t_s = row["bucket"] * bucket_ns / 1e9
+            t_s = row["slot"] * bucket_ns / 1e9
             for column, band in bands.items():
                 band.add(t_s, row[f"{column}_min"], row[f"{column}_mean"], row[f"{column}_max"])
         out.append(
@@ -270,16 +268,22 @@ class LatencyHistogram:
 
 
 def latency_histogram(store: Store, run_id: str, bins: int = 60) -> LatencyHistogram | None:
-    """The run's batch latency histogram, its bins spread over 1.5 x the slowest lane's p99;
-    None if no batch was measured."""
+    """The run's batch latency histogram, its bins spread over 1.5 x the slowest lane's p99
+    (widened to a whole number of the stored bins: at most a few percent); None if no batch
+    was measured. A batch counts by its latency to the microsecond."""
     worst = 0.0
     for lane in store.lanes(run_id):
         figures = lane.summary or {}
         p99 = (figures.get("batch_latency_ms") or {}).get("p99")
         worst = max(worst, p99 or 0.0)
-    bin_ms = max(0.05, worst * 1.5 / bins) if worst else 1.0
+    bin_us = histogram_bin_us(max(0.05, worst * 1.5 / bins) if worst else 1.0, bins)
+    bin_ms = bin_us / 1000
     lanes: dict[int, tuple[list[float], list[int]]] = {}
-    for row in latency_bins(store, run_id, bin_ms, bins):
+    for row in store.query(
+        "SELECT lane, MIN(key_us / :bin, :last) AS bin, SUM(n) AS n FROM batch_bins "
+        "WHERE run_id = :run AND kind = 'latency' GROUP BY lane, bin ORDER BY lane, bin",
+        {"bin": bin_us, "last": bins, "run": run_id},
+    ):
         starts, counts = lanes.setdefault(row["lane"], ([], []))
         starts.append(row["bin"] * bin_ms)
         counts.append(row["n"])
@@ -306,7 +310,15 @@ class LiveSeries:
         self.processes: dict[int, tuple[float, float, int, int]] = {}  # latest per lane
 
     def update(self, store: Store) -> int:
-        """Reads what was recorded since the last update; returns how many rows."""
+        """Reads what was recorded since the last update (at first, the window's last
+        `window_s` seconds and a minute more); returns how many rows."""
+        if self.start_ns is None:
+            span = store.time_span(self.run_id)
+            if span is None:
+                return 0
+            self.start_ns = store.run(self.run_id).started_ns
+            since = span[1] - int((self.window_s + 60) * 1e9)
+            self.cursors = {table: max(at, since) for table, at in self.cursors.items()}
         read = 0
         for table in self.cursors:
             rows = rows_since(store, table, self.run_id, self.cursors[table])
@@ -314,8 +326,6 @@ class LiveSeries:
                 continue
             read += len(rows)
             self.cursors[table] = rows[-1]["t_ns"]
-            if self.start_ns is None:
-                self.start_ns = store.run(self.run_id).started_ns
             getattr(self, f"_add_{table}")(rows)
         self._forget_old()
         return read
@@ -382,7 +392,7 @@ class LiveSeries:
         return RunSeries(self.run_id, self.start_ns, 1.0, lanes, gpus, strip, span)
 
     def _second(self, t_ns: int) -> int:
-        return (t_ns - (self.start_ns or t_ns)) // 1_000_000_000
+        return (t_ns - (t_ns if self.start_ns is None else self.start_ns)) // SECOND_NS
 
     def _add_batches(self, rows: list[Any]) -> None:
         for row in rows:
@@ -417,8 +427,6 @@ class LiveSeries:
             )
 
     def _add_host_samples(self, rows: list[Any]) -> None:
-        import json
-
         for row in rows:
             self.cores[self._second(row["t_ns"])] = tuple(json.loads(row["per_core"]))
 
@@ -438,79 +446,136 @@ class LiveSeries:
                 del per_second[second]
 
 
-# SQL aggregates: what long runs need without loading every row
+# SQL aggregates: rollups for long runs, raw rows for short ones
 
 
 def gpu_buckets(
-    store: Store, run_id: str, start_ns: int, bucket_ns: int, since_ns: int | None = None
+    store: Store, run_id: str, start_ns: int, bucket_ns: int, res_s: int | None
 ) -> list[sqlite3.Row]:
-    """GPU samples per GPU and time bucket: min, mean and max of the busy-ness figures, so
-    that downsampled lines keep their peaks and dips."""
-    columns = ", ".join(
-        f"MIN({c}) AS {c}_min, AVG({c}) AS {c}_mean, MAX({c}) AS {c}_max"
-        for c in BUCKETED_GPU_COLUMNS
-    )
+    """GPU samples per GPU and time bucket (`slot`): min, mean and max of the busy-ness
+    figures, so that downsampled lines keep their peaks and dips; from the rollups at `res_s`,
+    or the raw rows (None)."""
+    if res_s is None:
+        columns = ", ".join(
+            f"MIN({c}) AS {c}_min, AVG({c}) AS {c}_mean, MAX({c}) AS {c}_max"
+            for c in BUCKETED_GPU_COLUMNS
+        )
+        slot = floor_div("t_ns - :start", ":bucket")
+        source = "gpu_samples WHERE run_id = :run"
+    else:
+        columns = ", ".join(
+            f"MIN({c}_min) AS {c}_min, TOTAL({c}_sum) / SUM({c}_n) AS {c}_mean, "
+            f"MAX({c}_max) AS {c}_max"
+            for c in BUCKETED_GPU_COLUMNS
+        )
+        slot = floor_div("bucket", str(bucket_ns // (res_s * SECOND_NS)))
+        source = "gpu_rollup WHERE run_id = :run AND res_s = :res"
     return store.query(
-        f"SELECT gpu_uuid, (t_ns - ?) / ? AS bucket, {columns} FROM gpu_samples "
-        "WHERE run_id = ? AND t_ns > ? GROUP BY gpu_uuid, bucket ORDER BY gpu_uuid, bucket",
-        (start_ns, bucket_ns, run_id, since_ns if since_ns is not None else -1),
+        f"SELECT gpu_uuid, {slot} AS slot, {columns} FROM {source} "
+        "GROUP BY gpu_uuid, slot ORDER BY gpu_uuid, slot",
+        {"start": start_ns, "bucket": bucket_ns, "run": run_id, "res": res_s},
     )
 
 
-def batch_buckets(
-    store: Store, run_id: str, start_ns: int, bucket_ns: int, since_ns: int | None = None
+def batch_buckets(store: Store, run_id: str, bucket_ns: int) -> list[sqlite3.Row]:
+    """Measured batch events per lane and time bucket (`slot`; `bucket_ns` a whole number of
+    seconds): images, wait and step sums, mean and worst latency."""
+    res_s = next(r for r in reversed(RESOLUTIONS_S) if bucket_ns % (r * SECOND_NS) == 0)
+    slot = floor_div("bucket", str(bucket_ns // (res_s * SECOND_NS)))
+    return store.query(
+        f"SELECT lane, {slot} AS slot, SUM(images) AS images, TOTAL(wait_s) AS wait_s, "
+        "TOTAL(step_s) AS step_s, TOTAL(seconds) / SUM(batches) AS latency_mean_s, "
+        "MAX(latency_max_s) AS latency_max_s FROM batch_rollup "
+        "WHERE run_id = ? AND res_s = ? AND warmup = 0 GROUP BY lane, slot ORDER BY lane, slot",
+        (run_id, res_s),
+    )
+
+
+def lane_cpu_buckets(
+    store: Store, run_id: str, start_ns: int, bucket_ns: int, res_s: int | None
 ) -> list[sqlite3.Row]:
-    """Measured batch events per lane and time bucket: images, wait and step sums, mean and
-    worst latency."""
+    """The lanes' mean CPU per time bucket (`slot`), as `gpu_buckets`."""
+    if res_s is None:
+        slot, mean = floor_div("t_ns - :start", ":bucket"), "AVG(cpu_pct)"
+        source = "lane_cpu WHERE run_id = :run"
+    else:
+        slot = floor_div("bucket", str(bucket_ns // (res_s * SECOND_NS)))
+        mean, source = (
+            "TOTAL(cpu_pct_sum) / SUM(cpu_pct_n)",
+            "lane_cpu_rollup WHERE run_id = :run AND res_s = :res",
+        )
     return store.query(
-        "SELECT lane, (t_ns - ?) / ? AS bucket, COUNT(*) AS batches, SUM(size) AS images, "
-        "SUM(wait_s) AS wait_s, SUM(step_s) AS step_s, "
-        "AVG(wait_s + step_s) AS latency_mean_s, MAX(wait_s + step_s) AS latency_max_s "
-        "FROM batches WHERE run_id = ? AND warmup = 0 AND t_ns > ? "
-        "GROUP BY lane, bucket ORDER BY lane, bucket",
-        (start_ns, bucket_ns, run_id, since_ns if since_ns is not None else -1),
-    )
-
-
-def latency_bins(store: Store, run_id: str, bin_ms: float, last_bin: int) -> list[sqlite3.Row]:
-    """Measured batch latencies (wait + step) counted per lane in bins of `bin_ms`; bin
-    `last_bin` counts all from there on."""
-    return store.query(
-        "SELECT lane, MIN(CAST((wait_s + step_s) * 1000 / ? AS INTEGER), ?) AS bin, "
-        "COUNT(*) AS n FROM batches WHERE run_id = ? AND warmup = 0 "
-        "GROUP BY lane, bin ORDER BY lane, bin",
-        (bin_ms, last_bin, run_id),
-    )
-
-
-def lane_cpu_buckets(store: Store, run_id: str, start_ns: int, bucket_ns: int) -> list[sqlite3.Row]:
-    return store.query(
-        "SELECT lane, (t_ns - ?) / ? AS bucket, AVG(cpu_pct) AS cpu_pct, "
-        "AVG(main_thread_cpu_pct) AS main_thread_cpu_pct, MAX(processes) AS processes, "
-        "MAX(threads) AS threads FROM lane_cpu WHERE run_id = ? "
-        "GROUP BY lane, bucket ORDER BY lane, bucket",
-        (start_ns, bucket_ns, run_id),
+        f"SELECT lane, {slot} AS slot, {mean} AS cpu_pct FROM {source} "
+        "GROUP BY lane, slot ORDER BY lane, slot",
+        {"start": start_ns, "bucket": bucket_ns, "run": run_id, "res": res_s},
     )
 
 
 def host_rows_bucketed(
-    store: Store, run_id: str, start_ns: int, bucket_ns: int
+    store: Store, run_id: str, start_ns: int, bucket_ns: int, res_s: int | None
 ) -> list[HostSample]:
-    """The first host sample of each time bucket (per-core figures are long to decode)."""
+    """The first host sample of each time bucket (per-core figures are long to decode); the
+    rollups name it by its host and time (`res_s`), else the raw rows are grouped (None)."""
+    if res_s is None:
+        first = (
+            "SELECT hostname, MIN(t_ns) AS t_ns FROM host_samples WHERE run_id = :run "
+            f"GROUP BY {floor_div('t_ns - :start', ':bucket')}"
+        )
+    else:
+        first = (
+            "SELECT hostname, MIN(first_ns) AS t_ns FROM host_rollup "
+            "WHERE run_id = :run AND res_s = :res "
+            f"GROUP BY {floor_div('bucket', str(bucket_ns // (res_s * SECOND_NS)))}"
+        )
     rows = store.query(
-        "SELECT * FROM host_samples WHERE run_id = :run AND t_ns IN ("
-        " SELECT MIN(t_ns) FROM host_samples WHERE run_id = :run"
-        " GROUP BY (t_ns - :start) / :bucket)"
-        " ORDER BY t_ns",
-        {"run": run_id, "start": start_ns, "bucket": bucket_ns},
+        f"SELECT h.* FROM ({first}) AS f JOIN host_samples AS h ON h.run_id = :run "
+        "AND h.hostname = f.hostname AND h.t_ns = f.t_ns ORDER BY h.t_ns",
+        {"run": run_id, "start": start_ns, "bucket": bucket_ns, "res": res_s},
     )
     return [host_from_row(row) for row in rows]
 
 
+_KEYS = {
+    "batches": "lane",
+    "gpu_samples": "gpu_uuid",
+    "lane_cpu": "lane",
+    "host_samples": "hostname",
+}
+_ROLLUPS = {
+    "batches": "batch_rollup", "gpu_samples": "gpu_rollup", "lane_cpu": "lane_cpu_rollup",
+    "host_samples": "host_rollup",
+}  # fmt: skip
+
+
 def rows_since(store: Store, table: str, run_id: str, since_ns: int) -> list[sqlite3.Row]:
-    """Rows of `batches`, `gpu_samples`, `lane_cpu` or `host_samples` newer than a time."""
-    if table not in {"batches", "gpu_samples", "lane_cpu", "host_samples"}:
+    """Rows of `batches`, `gpu_samples`, `lane_cpu` or `host_samples` newer than a time, in
+    time order; read GPU by GPU (lane by lane, host by host) from that time on, so that a long
+    run's older rows are not scanned."""
+    if table not in _KEYS:
         raise ValueError(f"not a table of samples or events: {table}")
-    return store.query(
-        f"SELECT * FROM {table} WHERE run_id = ? AND t_ns > ? ORDER BY t_ns", (run_id, since_ns)
+    key = _KEYS[table]
+    keys = store.query(
+        f"SELECT DISTINCT {key} FROM {_ROLLUPS[table]} WHERE run_id = ? AND res_s = ?",
+        (run_id, COARSEST_S),
     )
+    rows: list[sqlite3.Row] = []
+    for (wanted,) in keys:
+        if table != "batches":
+            rows += store.query(
+                f"SELECT * FROM {table} WHERE run_id = ? AND {key} = ? AND t_ns > ?",
+                (run_id, wanted, since_ns),
+            )
+            continue
+        # Batches are stored by index: from the first index of the second that holds the time.
+        second = (since_ns - store.run(run_id).started_ns) // SECOND_NS
+        (first,) = store.query(
+            "SELECT MIN(first_idx) FROM batch_rollup WHERE run_id = ? AND res_s = 1 "
+            "AND warmup IN (0, 1) AND lane = ? AND bucket >= ?",
+            (run_id, wanted, second),
+        )[0]
+        if first is not None:
+            rows += store.query(
+                "SELECT * FROM batches WHERE run_id = ? AND lane = ? AND idx >= ? AND t_ns > ?",
+                (run_id, wanted, first, since_ns),
+            )
+    return sorted(rows, key=lambda row: row["t_ns"])

@@ -1,0 +1,149 @@
+"""Session: a doctor's or a sweep's answer, as `probe show SESSION` gives it.
+
+A doctor: is the GPU starved, why, and what to change (the recommendations, measured, and the
+first one verified), with the DataLoader against DALI. Then the points it measured, the curve
+its first run predicted, its runs (each opens on the Run page) and the exports.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import streamlit as st
+
+from app import common
+from probe.judge.results import Session, SessionKind
+from probe.metrics import DATA_WAIT, IMAGES_PER_S
+from probe.present import charts as figures
+from probe.present.tables import (
+    curve_lines,
+    doctor_notes,
+    point_grid,
+)
+
+
+def describe(row: dict[str, Any]) -> str:
+    return f"{row['session_id']}  {row['kind']}, consumer {row['consumer']}, {row['status']}"
+
+
+def answer(session: Session) -> None:
+    """The doctor's verdict, its figures side by side, and what to change."""
+    verdict = session.verdict
+    if verdict is None:
+        st.warning(f"No answer: {session.reason}")
+        return
+    common.verdict_box(verdict)
+    st.markdown("\n".join(f"- {common.markdown_text(item.text)}" for item in verdict.evidence))
+    yours = next((p for p in session.points if p.run_id == session.verdict_run_id), None)
+    best, dali = session.best, session.dali
+    top = session.recommendations[0] if session.recommendations else None
+    cols = st.columns(4)
+    if yours is not None:
+        cols[0].metric(
+            f"yours, num_workers={yours.setting}",
+            IMAGES_PER_S.cell(yours.images_per_s, yours.images_per_s_error),
+            help=f"images/s; {DATA_WAIT.label} {DATA_WAIT.text(yours.data_wait_frac)}",
+        )
+    if best is not None:
+        cols[1].metric(
+            f"best DataLoader, num_workers={best.setting}",
+            IMAGES_PER_S.cell(best.images_per_s, best.images_per_s_error),
+            help="images/s, the best setting the doctor measured",
+        )
+    if dali is not None:
+        cols[2].metric(
+            f"DALI, {dali.decoder} decoder, {dali.num_threads} threads",
+            "not measured"
+            if dali.images_per_s is None
+            else IMAGES_PER_S.cell(dali.images_per_s, dali.images_per_s_error),
+            help=dali.reason or "images/s, DALI on the same lanes and consumer",
+        )
+    if top is not None and top.predicted_images_per_s is not None:
+        verified = top.measured_images_per_s
+        cols[3].metric(
+            f"recommended: {top.setting}",
+            IMAGES_PER_S.cell(top.predicted_images_per_s, top.predicted_error),
+            delta=None if verified is None else f"verified {IMAGES_PER_S.cell(verified)}",
+            delta_color="off",
+            help="images/s predicted (measured in its point); verified: measured again",
+        )
+    if session.recommendations:
+        st.markdown("**Recommendations** (measured by the doctor; the first one verified)")
+        common.recommendation_list(session.recommendations)
+    notes = doctor_notes(session)
+    if notes:
+        st.markdown("\n".join(f"- {common.markdown_text(line)}" for line in notes))
+
+
+def points(session: Session) -> None:
+    """The settings measured, against the curve predicted from the first one."""
+    st.subheader(f"The {session.knob} settings measured")
+    if session.points:
+        st.plotly_chart(figures.sweep_curve(session), width="stretch", key="session-curve")
+    grid = point_grid(session)
+    if grid.rows:
+        st.dataframe(grid.records(), hide_index=True, width="stretch", key="session-points")
+    lines = curve_lines(session)
+    if lines:
+        st.caption("  \n".join(common.markdown_text(line) for line in lines))
+
+
+def runs(session: Session, rows: list[dict[str, Any]]) -> None:
+    """The session's runs; each opens on the Run page."""
+    mine = [row for row in rows if row["session_id"] == session.session_id]
+    if not mine:
+        return
+    st.subheader("Its runs")
+    st.dataframe(
+        [
+            {
+                "run": row["run_id"],
+                "what": row["label"] or "",
+                "pipeline": row["pipeline"],
+                IMAGES_PER_S.heading: IMAGES_PER_S.cell(row["images_per_s"]),
+                DATA_WAIT.heading: DATA_WAIT.cell(row["data_wait_frac"]),
+                "status": row["status"],
+            }
+            for row in mine
+        ],
+        hide_index=True,
+        width="stretch",
+        key="session-runs",
+    )
+    for row in mine:
+        st.page_link(
+            "views/run.py",
+            label=f"Open run {row['run_id']} ({row['label'] or row['pipeline']})",
+            query_params={"run": row["run_id"]},
+        )
+
+
+@common.page
+def main() -> None:
+    st.title("Session")
+    db = common.db_path()
+    rows = common.sessions_listing(db)
+    if not rows:
+        st.info("No doctor or sweep session yet: start one on the Runs or the Launch page.")
+        return
+    session_id = common.pick(rows, "session", describe)
+    row = next(r for r in rows if r["session_id"] == session_id)
+    session = common.session(db, session_id, row["status"])
+    kind = "doctor" if session.kind is SessionKind.DOCTOR else f"sweep of {session.knob}"
+    st.subheader(f"{session.session_id}: {kind}, consumer {session.consumer}")
+    created = session.created.replace("T", " ").rstrip("Z")
+    devices = ", ".join(session.devices) or "-"
+    st.caption(
+        f"created {created} UTC on {devices}; {session.status.value}"
+        + (f": {session.reason}" if session.reason else "")
+        + f"; took {session.elapsed_s:,.0f} s of a {session.budget_s:,.0f} s budget"
+    )
+    if session.kind is SessionKind.DOCTOR:
+        answer(session)
+    points(session)
+    runs(session, common.runs_listing(db))
+    st.markdown("**Export** (the same reports as `probe report`)")
+    common.export_buttons(db, session_id, row["status"], "session-export")
+
+
+main()
