@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 GPU_BATCH_SIZE, CPU_BATCH_SIZE = 128, 32
 DOCTOR_CONSUMER = "sleep:30"  # what ResNet-50 takes per batch of 128 on one H200: 30 ms
 # A GPU session builds, moves and tunes a model before its first point; a CPU one has none.
-DOCTOR_BUDGET_S = {"gpu": 120.0, "cpu": 60.0}
+DOCTOR_BUDGET_S = {"gpu": 120.0, "cpu": 90.0}
 SWEEP_BUDGET_S = 120.0
 SESSIONS = {"sweep": (2, "a sweep"), "doctor": (1, "a diagnosis")}  # points a budget must fit
 MEASURING = ("run", "sweep", "doctor")
