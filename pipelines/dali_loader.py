@@ -93,7 +93,7 @@ class DaliPipeline(InputPipeline):
         if not culprits:
             raise error
         if not self.spec.skip_corrupt:
-            raise CorruptImageError(culprits[0], "DALI could not read or decode it") from None
+            raise CorruptImageError(culprits[0], _unreadable_reason(culprits[0])) from None
         new = [path for path in culprits if path not in self.skipped_files]
         if not new:
             raise error
@@ -204,3 +204,13 @@ def _decodable(path: str) -> bool:
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError):
         return False
     return True
+
+
+def _unreadable_reason(path: str) -> str:
+    """Why DALI could not use a file: it cannot be opened (permissions), or not decoded."""
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as error:
+        return f"{type(error).__name__}: {error.strerror}"
+    return "DALI could not read or decode it"

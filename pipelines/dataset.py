@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pipelines.errors import InputError
@@ -30,6 +30,9 @@ class Dataset:
     classes: tuple[str, ...]  # label i is classes[i]
     files: tuple[str, ...]  # absolute paths
     labels: tuple[int, ...]
+    # Links to folders not followed: each real folder is read once (a link back up the tree, or
+    # to a folder read anyway, would loop or count its images again).
+    skipped_links: tuple[str, ...] = ()
 
     def __len__(self) -> int:
         return len(self.files)
@@ -39,7 +42,10 @@ def discover(root: Path | str) -> Dataset:
     """Finds the images of a class-per-folder dataset, in sorted order.
 
     Classes are the sorted names of the folders directly under `root` (hidden ones excluded);
-    images are searched recursively inside each class folder, as ImageFolder does.
+    images are searched recursively inside each class folder, as ImageFolder does, following
+    links: to files anywhere, and to folders outside the dataset, each real folder once. A link to
+    a folder inside the dataset (a loop, or another class's images again) is skipped and listed
+    in `skipped_links`.
 
     Raises:
         InputError: the folder is missing, empty, unreadable, or holds no images in class folders.
@@ -59,8 +65,10 @@ def discover(root: Path | str) -> Dataset:
     classes = tuple(e.name for e in entries if e.is_dir() and not e.name.startswith("."))
     files: list[str] = []
     labels: list[int] = []
+    skipped: list[str] = []
+    seen: set[tuple[int, int]] = set()  # real folders read, by device and inode
     for label, name in enumerate(classes):
-        for folder, _, names in sorted(os.walk(root / name, followlinks=True)):
+        for folder, names in sorted(_walk(str(root / name), os.path.realpath(root), seen, skipped)):
             for file_name in sorted(names):
                 if _is_image(file_name):
                     files.append(os.path.join(folder, file_name))
@@ -76,7 +84,52 @@ def discover(root: Path | str) -> Dataset:
         raise InputError(
             f"no images found in the class folders of {root} (looked for {extensions})"
         )
-    return Dataset(root=root, classes=classes, files=tuple(files), labels=tuple(labels))
+    return Dataset(
+        root=root,
+        classes=classes,
+        files=tuple(files),
+        labels=tuple(labels),
+        skipped_links=tuple(sorted(skipped)),
+    )
+
+
+def _walk(
+    top: str, root: str, seen: set[tuple[int, int]], skipped: list[str]
+) -> list[tuple[str, list[str]]]:
+    """The folders under `top` with their file names, each real folder once; links to folders
+    inside `root` (a real path) are added to `skipped` instead of followed."""
+    found: list[tuple[str, list[str]]] = []
+    stack = [top]
+    while stack:
+        folder = stack.pop()
+        try:
+            info = os.stat(folder)
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue  # unreadable: os.walk skips such folders too
+        key = (info.st_dev, info.st_ino)
+        if key in seen:
+            skipped.append(folder)
+            continue
+        seen.add(key)
+        names = []
+        for entry in entries:
+            try:
+                is_dir = entry.is_dir()
+            except OSError:
+                continue
+            if not is_dir:
+                names.append(entry.name)
+            elif entry.is_symlink() and _inside(os.path.realpath(entry.path), root):
+                skipped.append(entry.path)
+            else:
+                stack.append(entry.path)
+        found.append((folder, names))
+    return found
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
 def read_order(dataset: Dataset, *, shuffle: bool, seed: int) -> Dataset:
@@ -89,9 +142,8 @@ def read_order(dataset: Dataset, *, shuffle: bool, seed: int) -> Dataset:
         return dataset
     order = list(range(len(dataset)))
     random.Random(seed).shuffle(order)
-    return Dataset(
-        root=dataset.root,
-        classes=dataset.classes,
+    return replace(
+        dataset,
         files=tuple(dataset.files[i] for i in order),
         labels=tuple(dataset.labels[i] for i in order),
     )
@@ -120,12 +172,7 @@ def shard(dataset: Dataset, shard_id: int, num_shards: int) -> Dataset:
             f"shard {shard_id} of {num_shards} would be empty: "
             f"the dataset has only {len(dataset)} image(s)"
         )
-    return Dataset(
-        root=dataset.root,
-        classes=dataset.classes,
-        files=dataset.files[start:end],
-        labels=dataset.labels[start:end],
-    )
+    return replace(dataset, files=dataset.files[start:end], labels=dataset.labels[start:end])
 
 
 def _is_image(file_name: str) -> bool:

@@ -11,9 +11,13 @@ class CorruptImageError(InputError):
     """An image file in the dataset cannot be decoded."""
 
     def __init__(self, path: str, reason: str) -> None:
+        if "PermissionError" in reason or "ermission denied" in reason:
+            problem, fix = "image file that cannot be read", "give this user read access to it"
+        else:
+            problem, fix = "corrupt or truncated image", "remove it"
         super().__init__(
-            f"corrupt or truncated image: {path} ({reason}); "
-            "remove it, or skip and count such files (--skip-corrupt, skip_corrupt=True)"
+            f"{problem}: {path} ({reason}); "
+            f"{fix}, or skip and count such files (--skip-corrupt, skip_corrupt=True)"
         )
         self.path = path
         self.reason = reason

@@ -187,6 +187,23 @@ class PipelineSpec:
             return self.dataloader.output_dtype
         return OutputDtype.FLOAT32 if self.device is None else OutputDtype.UINT8
 
+    def batch_dtype(self, backend: Backend) -> OutputDtype:
+        """What one output batch holds: DALI's are float32, a DataLoader's `output_dtype`."""
+        return OutputDtype.FLOAT32 if backend is Backend.DALI else self.output_dtype
+
+    def batch_bytes(self, backend: Backend) -> int:
+        """One output batch's size: batch x 3 x image size x image size of `batch_dtype`."""
+        item = 4 if self.batch_dtype(backend) is OutputDtype.FLOAT32 else 1
+        return self.batch_size * 3 * self.image_size**2 * item
+
+    def batch_text(self, backend: Backend) -> str:
+        """ "batch 256 x 3 x 224 x 224 float32 (154 MB)"."""
+        size = self.image_size
+        return (
+            f"batch {self.batch_size} x 3 x {size} x {size} {self.batch_dtype(backend).value} "
+            f"({bytes_text(self.batch_bytes(backend))})"
+        )
+
     def with_shard(self, shard_id: int, num_shards: int) -> PipelineSpec:
         """The same pipeline reading another shard."""
         return dataclasses.replace(self, shard_id=shard_id, num_shards=num_shards)
@@ -212,6 +229,15 @@ class PipelineSpec:
 
 
 _E = TypeVar("_E", bound=Enum)
+
+
+def bytes_text(count: float) -> str:
+    """1.5e9 -> "1.5 GB" (decimal units, as memory sizes are quoted)."""
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if count < 1000 or unit == "TB":
+            return f"{count:.3g} {unit}"
+        count /= 1000
+    raise AssertionError("unreachable")
 
 
 def _plain(value: Any) -> Any:

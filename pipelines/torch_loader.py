@@ -8,6 +8,8 @@ Written as the baseline a careful engineer would write, so that a comparison wit
 - to a GPU, workers hand over uint8 pixels (4x less shared memory and host-to-device traffic
   than float32), stacked straight into shared memory, normalized on the device after the copy;
   on the CPU they hand over normalized float32, so that the main process has nothing left to do;
+- EXIF orientation applied before the crop, as DALI's decoders do (`adjust_orientation`): the
+  same image gives the same pixels in both backends;
 - pinned memory and non-blocking copies on a GPU, persistent workers, seeded augmentation;
 - each stage's CPU time is timed where it runs (`WORKER_STAGES` in the workers, on their
   thread's clock, with what else their process spent as `worker_rest`; `MAIN_STAGES` in the
@@ -33,7 +35,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, ImageOps
 from torch.nn import functional
 from torch.utils.data import DataLoader, default_collate, get_worker_info
 
@@ -111,7 +113,10 @@ class TorchPipeline(InputPipeline):
                 if not self.spec.skip_corrupt:
                     path, _, reason = failures[0].partition("\t")
                     raise CorruptImageError(path, reason)
-                self.skipped_files.extend(f.partition("\t")[0] for f in failures)
+                for failure in failures:  # each file once, whatever the epochs
+                    path = failure.partition("\t")[0]
+                    if path not in self.skipped_files:
+                        self.skipped_files.append(path)
                 unread = 0 if host_labels else unread + len(failures)
                 if unread >= len(self.shard):  # a whole pass of the shard, and nothing read
                     raise InputError(NOTHING_TO_READ)
@@ -265,16 +270,23 @@ def load_augmented(
     with open(path, "rb") as file:
         data = file.read()
     times.mark("read")
-    with Image.open(io.BytesIO(data)) as image:
-        full_width, full_height = image.size
+    with Image.open(io.BytesIO(data)) as stored:
+        # The crop is drawn on the image as shown, its EXIF orientation applied, as DALI does.
+        orientation = stored.getexif().get(EXIF_ORIENTATION, 1)
+        full_width, full_height = stored.size
+        if orientation in TURNED:
+            full_width, full_height = full_height, full_width
         left, top, width, height = random_resized_crop(full_width, full_height, augmentation, rng)
         # Decoding at 1/2, 1/4 or 1/8 scale is much cheaper and loses nothing the resize keeps.
         reduction = 1
         while reduction < 8 and min(width, height) >= 2 * reduction * size:
             reduction *= 2
-        if reduction > 1 and image.format == "JPEG":
-            target = (math.ceil(full_width / reduction), math.ceil(full_height / reduction))
-            image.draft(image.mode, target)
+        if reduction > 1 and stored.format == "JPEG":
+            target = (math.ceil(stored.width / reduction), math.ceil(stored.height / reduction))
+            stored.draft(stored.mode, target)
+        stored.load()  # decodes (at the draft's scale)
+        image = ImageOps.exif_transpose(stored) if orientation != 1 else stored
+        times.mark("decode")
         scale_x, scale_y = image.size[0] / full_width, image.size[1] / full_height
         box = (
             round(left * scale_x),
@@ -282,8 +294,6 @@ def load_augmented(
             max(round((left + width) * scale_x), round(left * scale_x) + 1),
             max(round((top + height) * scale_y), round(top * scale_y) + 1),
         )
-        image.load()  # decodes (at the draft's scale)
-        times.mark("decode")
         crop = image.crop(box)
     if crop.mode != "RGB":
         crop = crop.convert("RGB")
@@ -296,6 +306,10 @@ def load_augmented(
         resized = resized.flip(-1)
     times.mark("flip")
     return resized
+
+
+EXIF_ORIENTATION = 0x0112  # 1: as stored; 2-8: mirrored and/or turned
+TURNED = {5, 6, 7, 8}  # the orientations that swap width and height
 
 
 def _pixels(image: Image.Image) -> torch.Tensor:

@@ -5,9 +5,28 @@ dashboard reads). One room per step, imports going downward only:
     present/  ->  judge/  ->  measure/  ->  store/  ->  metrics.py, steady.py, records.py
 
 Imports `pipelines`; never `app`. `from probe import watch` records your own training loop.
+Importing `probe` itself imports nothing heavy: `watch` and `InputError` load when first asked
+for, so that the `probe` command can stop quietly at a Ctrl-C while it starts.
 """
 
-from pipelines import InputError
-from probe.measure.watch import watch
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pipelines import InputError
+    from probe.measure.watch import watch
 
 __all__ = ["InputError", "watch"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "watch":
+        from probe.measure.watch import watch
+
+        return watch
+    if name == "InputError":
+        from pipelines import InputError
+
+        return InputError
+    raise AttributeError(f"module 'probe' has no attribute {name!r}")

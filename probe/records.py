@@ -144,6 +144,7 @@ class LaneRecord:
     status: RunStatus
     reason: str | None
     summary: dict[str, Any] | None  # the lane's figures, written when it ends
+    traceback: str | None = None  # where a failed lane failed, whole (its reason is one line)
 
 
 @dataclass(frozen=True)

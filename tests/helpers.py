@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 from PIL import Image
 
@@ -87,3 +88,14 @@ def chromium() -> tuple[str | None, str | None]:
     if missing is not None and os.environ.get("FEEDSCOPE_REQUIRE_BROWSER") == "1":
         raise RuntimeError(f"the browser tests {missing}, and FEEDSCOPE_REQUIRE_BROWSER=1")
     return path, missing
+
+
+def skip_on_a_busy_host(document: Mapping[str, Any]) -> None:
+    """Skips a test of the answer an idle host gives, where the probe found its host busy: other
+    processes' CPU or steal could have moved it, and the probe says so (a `host_busy` verdict,
+    an unreliable lane, a session's busy points) instead of giving that answer."""
+    diagnosis = document.get("diagnosis") or {}
+    verdicts = [diagnosis["verdict"], *diagnosis.get("lanes", [])] if diagnosis else []
+    busy = any(v["kind"] == "host_busy" or not v.get("reliable", True) for v in verdicts)
+    if busy or document.get("host_busy"):
+        pytest.skip("the probe found this host busy with other work: no idle host's answer")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -107,3 +108,57 @@ def test_merge_refuses_what_is_not_a_store(tmp_path: Path) -> None:
     bad = probe_cli("merge", tmp_path / "notes.db", "--db", tmp_path / "all.db")
     assert bad.returncode == 2 and bad.stderr.startswith("error: cannot use")
     assert bad.stderr.count("\n") == 1
+
+
+def two_nodes(photos: Path, stores: tuple[Path, Path]) -> list[subprocess.CompletedProcess[str]]:
+    """A two-node torchrun launch on this host: two launchers (node ranks 0 and 1) meeting by c10d
+    rendezvous on a free port, one CPU rank each (gloo), each with its own --db."""
+    with socket.socket() as probe_port:
+        probe_port.bind(("127.0.0.1", 0))
+        port = probe_port.getsockname()[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    launchers = []
+    for rank in (0, 1):
+        command = [
+            sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
+            f"--node-rank={rank}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+            "-m", "probe", "run", "--gpus", "none", "--data", str(photos), "--batches", "5",
+            "--warmup", "1", "--batch-size", "4", "--workers", "0", "--image-size", "32",
+            "--sample-hz", "5", "--db", str(stores[rank]),
+        ]  # fmt: skip
+        launchers.append(subprocess.Popen(command, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True, env=env))  # fmt: skip
+    outputs = [launcher.communicate(timeout=300) for launcher in launchers]
+    return [
+        subprocess.CompletedProcess(x.args, x.returncode, out, err)
+        for x, (out, err) in zip(launchers, outputs, strict=True)
+    ]
+
+
+def test_two_nodes_sharing_one_store_record_one_run(
+    filled_store: dict[str, Any], tmp_path: Path
+) -> None:
+    """On a cluster the default store is often on a shared file system: both nodes open (and
+    the first time, create) the same file at once."""
+    for attempt in range(2):
+        shared = tmp_path / f"shared-{attempt}.db"
+        for node in two_nodes(filled_store["photos"], (shared, shared)):
+            assert node.returncode == 0, node.stderr
+            assert "Traceback" not in node.stderr and "error" not in node.stderr
+        with Store(shared) as store:
+            (run,) = store.runs()
+            lanes = [(x.lane, x.shard_id, x.num_shards) for x in store.lanes(run.run_id)]
+        assert run.status.value == "completed" and lanes == [(0, 0, 2), (1, 1, 2)]
+
+
+def test_two_nodes_with_a_store_each_record_one_run(
+    filled_store: dict[str, Any], tmp_path: Path
+) -> None:
+    stores = (tmp_path / "node-0.db", tmp_path / "node-1.db")
+    for node in two_nodes(filled_store["photos"], stores):
+        assert node.returncode == 0, node.stderr
+        assert "Traceback" not in node.stderr
+    with Store(stores[0]) as store:  # rank 0 records every rank's lane
+        (run,) = store.runs()
+        lanes = [(x.lane, x.shard_id, x.num_shards) for x in store.lanes(run.run_id)]
+    assert run.status.value == "completed" and lanes == [(0, 0, 2), (1, 1, 2)]

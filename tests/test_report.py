@@ -12,7 +12,14 @@ from typing import Any
 
 import pytest
 
-from helpers import CHROMIUM_ARGS, HOSTILE_FOLDER, HOSTILE_LABEL, chromium, probe_cli
+from helpers import (
+    CHROMIUM_ARGS,
+    HOSTILE_FOLDER,
+    HOSTILE_LABEL,
+    chromium,
+    probe_cli,
+    skip_on_a_busy_host,
+)
 from probe.judge.changes import Recommendation, workers
 from probe.judge.evidence import Evidence
 from probe.metrics import IMAGES_PER_S
@@ -55,6 +62,7 @@ def test_the_markdown_summary_of_a_doctor_session_fits_a_pr_comment(
     filled_store: dict[str, Any],
 ) -> None:
     doctor = filled_store["doctor"]
+    skip_on_a_busy_host(doctor)
     text = report(filled_store, doctor["session_id"], "md")
     assert text.startswith(f"### feedscope: doctor session {doctor['session_id']}\n")
     top = doctor["recommendations"][0]

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from helpers import probe_cli
+from helpers import probe_cli, skip_on_a_busy_host
 from pipelines.sample_data import SampleParams, make_sample_dataset
 from probe.judge.verdicts import VerdictKind
 from probe.store.db import Store
@@ -63,6 +63,8 @@ def test_reading_epoch_by_epoch_shows_the_stall_and_its_verdict(
 ) -> None:
     document = probe_json("run", "--data", photos, "--db", tmp_path / "s.db", "--read",
                           "epochs", *SETTINGS)  # fmt: skip
+    skip_on_a_busy_host(document)
+    skip_on_a_busy_host(stream)
     (lane,) = document["lanes"]
     assert document["config"]["read"] == "epochs"
     start = lane["epoch_start"]
@@ -87,6 +89,7 @@ def test_workers_started_anew_each_epoch_cost_more_and_keeping_them_is_advised(
 ) -> None:
     document = probe_json("run", "--data", photos, "--db", tmp_path / "s.db", "--read",
                           "epochs", "--no-persistent-workers", *SETTINGS)  # fmt: skip
+    skip_on_a_busy_host(document)
     start = document["lanes"][0]["epoch_start"]
     assert start["loader_start_ms"] > 5  # two worker processes started at every epoch
     settings = [r["setting"] for r in document["diagnosis"]["recommendations"]]

@@ -152,4 +152,4 @@ def test_a_schema_4_store_gains_the_synced_column_and_its_batches_read_as_synced
         store.add_batches("old-run", [BatchEvent(0, 1, 9, 0.1, 0.2, 8, False, 3, synced=False)])
         assert [e.synced for e in store.batches("old-run")] == [True, False]
     version = sqlite3.connect(path).execute("SELECT value FROM meta").fetchone()[0]
-    assert int(version) == SCHEMA_VERSION == 7
+    assert int(version) == SCHEMA_VERSION == 8

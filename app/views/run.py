@@ -66,6 +66,10 @@ def header(doc: RunDocument) -> None:
     notes = run_notes(doc)
     if notes:
         st.caption("  \n".join(notes))
+    for lane in doc.lanes:
+        if lane.traceback:
+            with st.expander(f"lane {lane.lane}: where it failed (traceback)"):
+                st.code(lane.traceback, language="text")
     stages = figures.stage_bars(doc.lanes)
     if stages is not None:
         st.plotly_chart(stages, width="stretch", key="run-stages")

@@ -204,6 +204,9 @@ def _search(points: Points, grid: list[int], baseline: SweepPoint, reserve: int)
         for position, value in enumerate(higher):
             best = points.best()
             point = points.measure(value, reserve)
+            if points.session.stop.is_set():  # what follows was not reached: no verdict on it
+                points.skip(higher[position + 1 :], "interrupted")
+                break
             if point is None:
                 continue
             if not above(point.estimate, 1.0, best.estimate):

@@ -161,13 +161,16 @@ def lane_facts(store: Store, run: RunRecord, lane: LaneRecord) -> LaneFacts:
     if stats["n"]:
         means = store.host_means(run.run_id, lane.hostname, stats["start_ns"], stats["end_ns"])
         host = _host_load(means, machine)
+    figures = lane_figures_of(store, run, lane)
+    # A watched iterable of unknown kind has no batch size set: the batches' own mean serves.
+    batch_size = spec.get("batch_size") or round(figures.images / max(1, figures.batches))
     return LaneFacts(
         lane=lane.lane,
         status=lane.status.value,
         backend=run.pipeline,
         consumer=run.consumer,
-        batch_size=int(spec.get("batch_size", 0)),
-        figures=lane_figures_of(store, run, lane),
+        batch_size=int(batch_size),
+        figures=figures,
         hostname=lane.hostname,
         host_cpus=int(machine.get("cpus") or 1),
         lanes_on_host=sum(1 for x in store.lanes(run.run_id) if x.hostname == lane.hostname),

@@ -46,6 +46,9 @@ def run_sweep(
         points = Points(session, base, knob)
         for position, value in enumerate(values):
             points.measure(value, reserve=0)
+            if stop.is_set():  # what follows was not reached: no verdict on it
+                points.skip(values[position + 1 :], "interrupted")
+                break
             measured = [points.measured[v] for v in values[: position + 1] if v in points.measured]
             if past_the_peak(measured):
                 points.skip(values[position + 1 :], "past the peak")

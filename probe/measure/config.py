@@ -26,6 +26,7 @@ from pipelines import (
     shm_free_mib,
 )
 from pipelines.dataset import read_order, shard
+from pipelines.spec import bytes_text
 from probe.measure.consumers import ConsumerSpec, model_note
 from probe.measure.devices import CudaDevice, cuda_devices
 from probe.measure.distributed import Rank
@@ -136,6 +137,7 @@ class Checked:
 
     num_classes: int
     shard_images: dict[int, int]  # lane -> images in its shard
+    notes: tuple[str, ...] = ()  # what the user should know about the data (stored with the run)
 
 
 def check_config(config: ProbeConfig) -> Checked:
@@ -145,10 +147,17 @@ def check_config(config: ProbeConfig) -> Checked:
         InputError: the dataset, a shard, the reading or the backend cannot work.
     """
     check_backend(config.backend)
+    _check_batch_fits(config)
     dataset = read_order(
         discover(config.spec.data_dir), shuffle=config.spec.shuffle, seed=config.spec.seed
     )
     sizes = {}
+    notes = []
+    if dataset.skipped_links:
+        notes.append(
+            f"skipped {len(dataset.skipped_links)} link(s) to folders inside the dataset (a loop, "
+            f"or images read already), e.g. {dataset.skipped_links[0]}: each folder is read once"
+        )
     batch = config.spec.batch_size
     for plan in config.lanes:
         images = len(shard(dataset, plan.shard_id, plan.num_shards))
@@ -158,8 +167,34 @@ def check_config(config: ProbeConfig) -> Checked:
                 f"{plan.num_shards} holds {images} images, fewer than the batch size {batch} "
                 "(read it as a stream, or give a smaller --batch-size)"
             )
+        if images < batch:
+            notes.append(
+                f"shard {plan.shard_id} of {plan.num_shards} holds {images} images, fewer than "
+                f"the batch size {batch}: each batch holds some images more than once"
+            )
         sizes[plan.lane] = images
-    return Checked(len(dataset.classes), sizes)
+    return Checked(len(dataset.classes), sizes, tuple(notes))
+
+
+def _check_batch_fits(config: ProbeConfig) -> None:
+    """Refuses a batch larger than the host's memory, or than a lane's GPU's: it could only
+    fail, after its processes started and built their pipelines."""
+    from probe.measure.samplers.host import memory_bytes
+
+    spec, backend = config.spec, config.backend
+    needed = spec.batch_bytes(backend)
+    memory = memory_bytes()
+    places = [("this host's memory", memory)] + [
+        (f"cuda:{plan.device.index}'s memory", plan.device.memory_mib * 2**20)
+        for plan in config.lanes
+        if plan.device is not None
+    ]
+    for where, limit in places:
+        if needed > limit:
+            raise InputError(
+                f"one {spec.batch_text(backend)} is more than {where} ({bytes_text(limit)}): "
+                "give a smaller --batch-size or --image-size"
+            )
 
 
 def batch_sizes(config: ProbeConfig, images: int) -> tuple[int, ...]:
@@ -191,6 +226,7 @@ def config_dict(config: ProbeConfig, checked: Checked) -> dict[str, Any]:
         "max_s": config.max_s,
         "sample_hz": config.sample_hz,
         "num_classes": checked.num_classes,
+        "data_notes": list(checked.notes),
         "world_size": config.lanes[0].num_shards if config.torchrun else len(config.lanes),
         "torchrun": config.torchrun,
         "lanes": [

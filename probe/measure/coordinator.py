@@ -1,6 +1,10 @@
 """One run on a session's lanes, seen from the coordinating process: it sends each lane its
 work, gathers the batch events they send, decides when they stop, keeps their live state for the
 display, and is the only writer of the run in the store.
+
+A store locked by another process does not stop the run at once: its rows wait in memory
+(`probe.measure.unwritten`). Locked for longer than that allows, the run stops, `failed`, with
+a reason that names the lock; it is never `completed` with rows missing.
 """
 
 from __future__ import annotations
@@ -9,15 +13,18 @@ import queue
 import time
 from collections import deque
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from probe.measure.config import Checked, ProbeConfig, batch_sizes
+from probe.measure.config import Checked, LanePlan, ProbeConfig, batch_sizes
 from probe.measure.lane import Measure
-from probe.measure.recorder import Recorder
+from probe.measure.recorder import Drained, Recorder
+from probe.measure.unwritten import WRITE_WAIT_S, Unwritten, patiently, store_lost_reason
 from probe.metrics import wait_share
 from probe.records import BatchEvent, RunRecord, RunStatus
-from probe.store.db import Store
+from probe.store.db import Store, StoreBusy
 from probe.store.documents import lane_figures_from_store
 
 if TYPE_CHECKING:
@@ -85,6 +92,9 @@ class Coordinator:
         self.started_here: set[int] = set()  # lanes whose process started for this run
         self.precise: set[int] = set()
         self.pending: list[BatchEvent] = []
+        self.unwritten = Unwritten()
+        self.tracebacks: dict[int, str] = {}  # failed lanes' whole tracebacks
+        self.store_lost: str | None = None  # why the run stopped: the store stayed locked
         self.interrupted = False
         self.dead_since: dict[int, float] = {}
         self.job = 0
@@ -95,29 +105,9 @@ class Coordinator:
         self.job = lanes.new_job()
         lanes.stop_run.clear()
         for plan in self.config.lanes:
-            alive = lanes.processes.get(plan.lane)
-            if alive is None or not alive.is_alive():
-                self.started_here.add(plan.lane)
-            process = lanes.spawn(plan.lane)
-            if self.recorder is not None:
-                self.recorder.set_lane_pid(plan.lane, process.pid)
-            self.store.update_lane(self.run_record.run_id, plan.lane, pid=process.pid)
-            images = self.checked.shard_images[plan.lane]
-            lanes.commands[plan.lane].put(
-                Measure(
-                    job=self.job,
-                    spec=self.config.lane_spec(plan),
-                    backend=self.config.backend,
-                    read=self.config.read,
-                    warmup=self.config.warmup,
-                    batches=self.config.batches,
-                    duration_s=self.config.duration_s,
-                    precision=self.config.precision if self.config.until_precise else None,
-                    max_s=self.config.max_s,
-                    batch_sizes=batch_sizes(self.config, images),
-                )
-            )
+            self._start(plan)
         deadline: float | None = None
+        self.store.busy_timeout(WRITE_WAIT_S)  # a locked store must not stall the lanes' messages
         last_write = last_update = time.monotonic()
         while len(self.outcome) < len(self.live):
             try:
@@ -129,8 +119,8 @@ class Coordinator:
             except KeyboardInterrupt:
                 lanes.stop.set()
             now = time.monotonic()
-            if lanes.stop.is_set() and deadline is None:
-                self.interrupted = True
+            if (lanes.stop.is_set() or self.store_lost) and deadline is None:
+                self.interrupted = lanes.stop.is_set()
                 lanes.stop_all.set()
                 deadline = now + STOP_GRACE_S
             running = set(self.live) - set(self.outcome)
@@ -146,6 +136,33 @@ class Coordinator:
         lanes.stop_run.clear()
         if self.on_update is not None:
             self.on_update(list(self.live.values()))
+
+    def _start(self, plan: LanePlan) -> None:
+        """Starts the lane's process if it is not alive, and sends it this run's work."""
+        lanes = self.lanes
+        alive = lanes.processes.get(plan.lane)
+        if alive is None or not alive.is_alive():
+            self.started_here.add(plan.lane)
+        process = lanes.spawn(plan.lane)
+        if self.recorder is not None:
+            self.recorder.set_lane_pid(plan.lane, process.pid)
+        with suppress(StoreBusy):  # the pid is for a reader's curiosity; the run goes on
+            self.store.update_lane(self.run_record.run_id, plan.lane, pid=process.pid)
+        images = self.checked.shard_images[plan.lane]
+        lanes.commands[plan.lane].put(
+            Measure(
+                job=self.job,
+                spec=self.config.lane_spec(plan),
+                backend=self.config.backend,
+                read=self.config.read,
+                warmup=self.config.warmup,
+                batches=self.config.batches,
+                duration_s=self.config.duration_s,
+                precision=self.config.precision if self.config.until_precise else None,
+                max_s=self.config.max_s,
+                batch_sizes=batch_sizes(self.config, images),
+            )
+        )
 
     def _check_processes(self, now: float, deadline: float | None) -> None:
         """Closes the lanes whose process died without a word, or did not stop in time."""
@@ -191,6 +208,7 @@ class Coordinator:
         elif kind == "failed":
             if payload.get("input"):
                 self.bad_input.append(f"lane {lane}: {payload['reason']}")
+            self.tracebacks.setdefault(lane, payload.get("traceback") or "")
             self._close_lane(lane, RunStatus.FAILED, payload["reason"])
 
     def _close_lane(self, lane: int, status: RunStatus, reason: str | None) -> None:
@@ -206,26 +224,44 @@ class Coordinator:
         }.get(status, status.value)
 
     def write(self, recorder: Recorder | None) -> None:
-        """Writes what lanes and samplers produced since the last write."""
-        run_id = self.run_record.run_id
-        if self.pending:
-            self.store.add_batches(run_id, self.pending)
-            self.pending = []
-        if recorder is not None:
-            drained = recorder.drain()
-            self.store.add_gpu_samples(run_id, drained.gpu)
-            self.store.add_host_samples(run_id, self.run_record.hostname, drained.host)
-            self.store.add_lane_cpu(run_id, drained.lanes)
-            self.store.add_unavailable(run_id, drained.unavailable)
+        """Writes what lanes and samplers produced since the last write, and what earlier
+        writes could not (the store was locked); notes when the store is lost to the run."""
+        self.unwritten.add(self.pending, recorder.drain() if recorder is not None else None)
+        self.pending = []
+        if self.unwritten.flush(self._add_rows) and self.store_lost is None:
+            self.store_lost = store_lost_reason(self.store)
+
+    def _add_rows(self, batches: list[BatchEvent], drained: Drained) -> None:
+        self.store.add_rows(
+            self.run_record.run_id,
+            batches=batches,
+            gpu=drained.gpu,
+            host={self.run_record.hostname: drained.host},
+            lane_cpu=drained.lanes,
+            unavailable=drained.unavailable,
+        )
 
     def finish(self) -> None:
-        """Writes each lane's figures and status, then the run's."""
+        """Writes what is left, each lane's figures and status, then the run's.
+
+        Raises:
+            StoreBusy: the store stayed locked until the run could not be recorded (it is left
+                `running`, and marked interrupted once its process is gone).
+        """
         run_id = self.run_record.run_id
-        failures = []
+        self.store.busy_timeout(WRITE_WAIT_S)
+        while not self.unwritten.flush(self._add_rows) and self.unwritten.blocked_since:
+            time.sleep(max(0.0, self.unwritten.retry_at - time.monotonic()))
+        if self.unwritten.blocked_since is not None:
+            self.store_lost = self.store_lost or store_lost_reason(self.store)
+        since = time.monotonic()
+        failures, unfinished = [], []
         for lane in self.store.lanes(run_id):
             status, reason = self.outcome.get(
                 lane.lane, (RunStatus.INTERRUPTED, "the run ended before the lane did")
             )
+            if self.store_lost is not None and status is not RunStatus.FAILED:
+                status, reason = RunStatus.FAILED, self.store_lost
             ended = self.ended.get(lane.lane, {})
             figures = lane_figures_from_store(
                 self.store, self.run_record, lane, ended.get("starts")
@@ -242,16 +278,29 @@ class Coordinator:
                 consumer_alone=self.lanes.consumer_alone.get(lane.lane),
                 **_stage_figures(ended),
             )
-            self.store.update_lane(run_id, lane.lane, status=status, reason=reason, summary=figures)
-            if status is RunStatus.FAILED:
+            update = partial(self.store.update_lane, run_id, lane.lane)
+            patiently(
+                partial(update, status=status, reason=reason, summary=figures,
+                        traceback=self.tracebacks.get(lane.lane) or None),
+                since,
+            )  # fmt: skip
+            if status is RunStatus.FAILED and reason != self.store_lost:
                 failures.append(f"lane {lane.lane} failed: {reason}")
-        if self.interrupted:
+            elif status is RunStatus.INTERRUPTED:
+                unfinished.append(f"lane {lane.lane}: {reason}")
+        if self.store_lost is not None:
+            run_status, run_reason = RunStatus.FAILED, self.store_lost
+        elif self.interrupted:
             run_status, run_reason = RunStatus.INTERRUPTED, "stopped before its end (interrupted)"
         elif failures:
             run_status, run_reason = RunStatus.FAILED, "; ".join(failures)
+        elif unfinished:  # never `completed` with a lane that was not
+            run_status, run_reason = RunStatus.INTERRUPTED, "; ".join(unfinished)
         else:
             run_status, run_reason = RunStatus.COMPLETED, None
-        self.store.finish_run(run_id, run_status, run_reason, time.monotonic_ns())
+        ended_ns = time.monotonic_ns()
+        patiently(partial(self.store.finish_run, run_id, run_status, run_reason, ended_ns), since)
+        self.store.busy_timeout()
 
 
 def _stage_figures(ended: dict[str, Any]) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from typing import Any
 from pipelines import Backend, Batch, InputError, InputPipeline, PipelineSpec, build_pipeline
 from pipelines.host import Throttling, cpu_throttling
 from pipelines.loader import MAIN_STAGES, NOTHING_TO_READ
+from probe.measure.causes import failure_reason
 from probe.measure.consumers import Consumer, ConsumerKind, ConsumerSpec, build_consumer
 from probe.measure.devices import device_sync
 from probe.measure.timer import BatchTimer
@@ -76,7 +77,7 @@ class Measure:
     batches: int | None  # measured batches, after the warm-up
     duration_s: float | None  # measured seconds, after the warm-up
     precision: float | None  # say "precise" once images/s is known within this share
-    max_s: float  # measure at most this long
+    max_s: float  # measuring until precise: at most this long
     batch_sizes: tuple[int, ...]  # the sizes of its batches: the consumer is tuned to each
 
 
@@ -126,15 +127,17 @@ def lane_main(setup: LaneSetup, commands: Any, messages: Any, stop_run: Any, sto
             messages.put(("consumer", lane, job.job, alone))
             ended = _measure(job, setup, consumer, messages, stop_run, stop_all, parent)
         except BaseException as error:
-            messages.put(("failed", lane, job.job, _failure(error)))
+            messages.put(("failed", lane, job.job, _failure(error, job)))
         else:
             messages.put(("ended", lane, job.job, ended))
 
 
-def _failure(error: BaseException) -> dict[str, Any]:
+def _failure(error: BaseException, job: Measure | None = None) -> dict[str, Any]:
+    """The "failed" message's payload: a one-line reason naming the cause, the traceback."""
     if isinstance(error, InputError):
         return {"reason": str(error), "traceback": "", "input": True}
-    reason = f"{type(error).__name__}: {error}".strip().splitlines()[0]
+    spec, backend = (job.spec, job.backend) if job is not None else (None, None)
+    reason = failure_reason(error, spec, backend)
     return {"reason": reason, "traceback": traceback.format_exc(), "input": False}
 
 
@@ -202,7 +205,9 @@ def _measure(
                 done = (job.batches is not None and len(measured) >= job.batches) or (
                     job.duration_s is not None and measured_s >= job.duration_s
                 )
-                capped = capped or (not done and measured_s >= job.max_s)
+                # the cap bounds measuring until precise; a length the user fixed is kept
+                until_precise = job.precision is not None
+                capped = capped or (until_precise and not done and measured_s >= job.max_s)
                 stopping = stopping or done or capped
             if timer.done_ns - flushed_ns >= FLUSH_NS:
                 messages.put(("batches", lane, job.job, pending))

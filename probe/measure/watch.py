@@ -12,7 +12,8 @@ kind `watch` in the store: the dashboard, `probe show`, the diagnosis and the re
 as on a probe's run. One watched job is one run, and each `for` over it an epoch of that run, so
 that its epoch starts are measured and judged; its first batches are warm-up, once. Under DDP
 (torchrun), each rank is a lane of one run. Recording never breaks training: if the store cannot
-be used, it warns once and the loop runs on unwatched.
+be used, or stays locked by another process (`probe.measure.unwritten`), it warns once and the
+loop runs on unwatched.
 
 The data-wait ends when the loader hands the batch over, not when it is ready on the GPU: a
 copy still under way (`pin_memory` with `non_blocking`, DALI's GPU outputs) falls into the step,
@@ -37,6 +38,7 @@ import weakref
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -44,6 +46,7 @@ from pipelines import InputError
 from probe.measure.devices import CudaDevice, cuda_devices, device_sync, loop_device
 from probe.measure.recorder import Drained, Recorder
 from probe.measure.timer import BatchTimer
+from probe.measure.unwritten import WRITE_WAIT_S, Unwritten, patiently, store_lost_reason
 from probe.records import BatchEvent, LaneRecord, RunExport, RunRecord, RunStatus
 from probe.steady import Warmup
 from probe.store.db import Store
@@ -135,7 +138,8 @@ class Watched(Generic[T]):
                 timer.got()
                 size = batch_size(batch)
                 yield batch
-                events.append(self._warm(timer.done(size, epoch)))
+                if not recording.ended:  # a recording given up on keeps nothing more
+                    events.append(self._warm(timer.done(size, epoch)))
                 size = None
                 timer.ask(timer.done_ns)
         except GeneratorExit:  # the loop was left (a break, or an error in the step)
@@ -291,30 +295,46 @@ class _Recording:
     def _write_loop(self) -> None:
         from probe.store.documents import lane_figures_from_store
 
+        unwritten = Unwritten()
         try:
             with Store(self.store_path) as store:
-                while not self._done.wait(WRITE_EVERY_S):
-                    self._write(store)
+                store.busy_timeout(WRITE_WAIT_S)  # a locked store: try again later
+                lost = False
+                while not lost and not self._done.wait(WRITE_EVERY_S):
+                    lost = self._write(store, unwritten)
                 if self.recorder is not None:
                     self.recorder.stop()
                 if self.gpus is not None:
                     self.gpus.close()
-                self._write(store)
+                while not lost and not self._write(store, unwritten) and unwritten.blocked_since:
+                    time.sleep(max(0.0, unwritten.retry_at - time.monotonic()))
                 status, reason = self._ended or (RunStatus.INTERRUPTED, None)
+                if lost or unwritten.blocked_since is not None:
+                    self.ended = True  # the loop goes on unrecorded
+                    status, reason = RunStatus.FAILED, store_lost_reason(store)
+                    _warn_once(f"recording stopped: {reason}")
                 run, lane = store.run(self.run.run_id), store.lanes(self.run.run_id)
                 mine = next(x for x in lane if x.lane == self.lane)
-                store.update_lane(run.run_id, self.lane, status=status, reason=reason,
-                                  summary=lane_figures_from_store(store, run, mine))  # fmt: skip
-                settle_run(store, run.run_id)
+                figures = lane_figures_from_store(store, run, mine)
+                update = partial(store.update_lane, run.run_id, self.lane)
+                patiently(partial(update, status=status, reason=reason, summary=figures))
+                patiently(partial(settle_run, store, run.run_id))
         except Exception as error:  # never break training
             _warn_once(f"recording stopped: {error}")
 
-    def _write(self, store: Store) -> None:
+    def _write(self, store: Store, unwritten: Unwritten) -> bool:
+        """Writes what the loop and the samplers produced since the last write, with what
+        earlier writes could not; returns whether the store is lost to the recording."""
         events = [self.events.popleft() for _ in range(len(self.events))]
-        drained = self.recorder.drain() if self.recorder is not None else Drained()
-        export = RunExport(self.run, [], events, drained.gpu, {self.run.hostname: drained.host},
-                           drained.lanes, drained.unavailable)  # fmt: skip
-        add_rows(store, export, self.shift)
+        unwritten.add(events, self.recorder.drain() if self.recorder is not None else None)
+
+        def write(batches: list[BatchEvent], drained: Drained) -> None:
+            export = RunExport(self.run, [], batches, drained.gpu,
+                               {self.run.hostname: drained.host}, drained.lanes,
+                               drained.unavailable)  # fmt: skip
+            add_rows(store, export, self.shift)
+
+        return unwritten.flush(write)
 
 
 def _without_cuda() -> bool:

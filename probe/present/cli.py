@@ -1,8 +1,9 @@
 """The `probe` command (also `python -m probe`): its command group, options and commands.
 
-Exit codes: 0 ok, 1 the run failed, 2 bad usage or bad input (one line, no traceback), 130 the
-run was interrupted (what it recorded is kept). With `--json` a command prints one JSON document
-on stdout; human text goes to stderr, except a command's final table, which goes to stdout.
+Exit codes: 0 ok, 1 the run failed (or the store stayed locked by another process), 2 bad usage
+or bad input (one line, no traceback), 130 the run was interrupted (what it recorded is kept).
+With `--json` a command prints one JSON document on stdout; human text goes to stderr, except a
+command's final table, which goes to stdout.
 
 The measuring options are built from `probe.present.options.FLAGS`; what each command does is
 in `measuring` (bench, run, sweep, doctor) and `stored` (runs, show, report, check, merge).
@@ -21,6 +22,7 @@ from pipelines import Backend, InputError
 from pipelines.sample_data import DEFAULT_SAMPLE, SampleParams, make_sample_dataset
 from probe.present import console, measuring, stored
 from probe.present.options import Flag, LaneArgs, PipelineArgs, flags
+from probe.store.db import StoreBusy
 
 EXIT_USAGE = 2
 
@@ -263,10 +265,11 @@ def runs(db: Path | None, as_json: bool, limit: int) -> int:
 @_store_option
 @click.argument("run_id", metavar="RUN")
 @_json_option
-def show(db: Path | None, run_id: str, as_json: bool) -> int:
+@click.option("-v", "--verbose", is_flag=True, help="Also print failed lanes' whole tracebacks.")
+def show(db: Path | None, run_id: str, as_json: bool, verbose: bool) -> int:
     """Show a run and its diagnosis (its id, a unique start of it, or `last`), or a sweep or
     doctor session (its id)."""
-    return stored.show(db, run_id, as_json)
+    return stored.show(db, run_id, as_json, verbose)
 
 
 @cli.command()
@@ -345,6 +348,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InputError as error:
         click.echo(f"error: {error}", err=True)
         return EXIT_USAGE
+    except StoreBusy as error:  # another process held the store: not the user's input
+        click.echo(f"error: {error}", err=True)
+        return measuring.EXIT_FAILED
     except (click.Abort, KeyboardInterrupt):
         click.echo("interrupted", err=True)
         return measuring.EXIT_INTERRUPTED

@@ -1,5 +1,6 @@
 """`probe check`: a CI gate on a recorded run. Every lane must meet every threshold given; a run
-that did not complete fails the gate, whatever it measured."""
+that did not complete, or holds fewer lanes than it was started with (its world size: a rank
+that never reported, a store per node not merged yet), fails the gate, whatever it measured."""
 
 from __future__ import annotations
 
@@ -33,6 +34,12 @@ class Thresholds:
                 f"--max-data-wait takes a share from 0 to 1, or a percentage like 20% "
                 f"(got {self.max_data_wait:g})"
             )
+        for flag, value in (
+            ("--min-images-per-s", self.min_images_per_s),
+            ("--max-batch-latency-p99-ms", self.max_batch_latency_p99_ms),
+        ):
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise InputError(f"{flag} takes a finite number >= 0 (got {value:g})")
 
     def text(self) -> str:
         parts = []
@@ -69,6 +76,12 @@ def check_run(document: RunDocument, thresholds: Thresholds) -> dict[str, Any]:
                 misses.append(f"{name}: {LATENCY.label} p99 {LATENCY.text(p99)} > {most:g} ms")
         lanes.append({"lane": lane.lane, "passed": not misses, "misses": misses})
     run_misses = []
+    expected = document.config.get("world_size")
+    if isinstance(expected, int) and len(document.lanes) < expected:
+        run_misses.append(
+            f"the run holds {len(document.lanes)} of its {expected} lanes "
+            "(a rank that never reported, or stores per node not merged yet)"
+        )
     if document.status != "completed":
         reason = f": {document.reason}" if document.reason else ""
         run_misses.append(f"the run did not complete ({document.status}{reason})")

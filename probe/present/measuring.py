@@ -5,7 +5,6 @@ failed, EXIT_INTERRUPTED where it was stopped (what it recorded is kept).
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Sequence
@@ -27,6 +26,7 @@ from pipelines import (
 from pipelines.loader import cuda_device_count
 from probe.measure.bench import BenchResult
 from probe.present import console, terminal
+from probe.present.jsontext import json_text
 from probe.present.options import (
     DOCTOR_CONSUMER,
     LaneArgs,
@@ -101,7 +101,7 @@ def bench(
             "results": [_result_json(r) for r in results],
             "unavailable": missing,
         }
-        click.echo(json.dumps(document, indent=2))
+        click.echo(json_text(document))
         return 0
     console.out.print(terminal.bench_table(results))
     for backend_name, reason in missing.items():
@@ -186,7 +186,7 @@ def _finish_run(store: Store, run_id: str, as_json: bool) -> int:
     diagnosis = diagnose_run(store, run_id)
     store.close()
     if as_json:
-        click.echo(json.dumps({**document.to_json(), "diagnosis": diagnosis.to_json()}, indent=2))
+        click.echo(json_text({**document.to_json(), "diagnosis": diagnosis.to_json()}))
     else:
         console.print_run(document, diagnosis)
     return exit_code(document.status)
@@ -287,7 +287,7 @@ def sweep(
                              on_event=console.narrate, started=STARTED)  # fmt: skip
     store.close()
     if as_json:
-        click.echo(json.dumps(session.to_json(), indent=2))
+        click.echo(json_text(session.to_json()))
     else:
         console.out.print(terminal.sweep_table(session))
         if session.reason:
@@ -338,7 +338,7 @@ def doctor(
         )  # fmt: skip
     store.close()
     if as_json:
-        click.echo(json.dumps(session.to_json(), indent=2))
+        click.echo(json_text(session.to_json()))
     elif session.verdict is None:
         console.err.print(f"no answer: {session.reason} (session {session.session_id})")
     else:

@@ -36,6 +36,7 @@ from probe.judge.results import (
 from probe.judge.verdicts import Verdict
 from probe.metrics import IMAGES_PER_S, MEMORY, STAGE_TIME, STAGES
 from probe.present import charts
+from probe.present.jsontext import json_text
 from probe.present.options import reproduce_command
 from probe.present.tables import (
     Grid,
@@ -167,18 +168,12 @@ def build_report(store: Store, wanted: str) -> Report:
 def render(report: Report, form: str) -> str:
     """The report in one of FORMATS."""
     if form == "json":
-        return json.dumps(report.to_json(), indent=1, allow_nan=False, default=_plain) + "\n"
+        return json_text(report.to_json(), indent=1) + "\n"
     if form == "md":
         return markdown(report)
     if form == "html":
         return html_page(report)
     raise ValueError(f"unknown report format {form!r} (choose from: {', '.join(FORMATS)})")
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, float):  # NaN or infinity: not JSON
-        return None
-    raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
 # --- Markdown -----------------------------------------------------------------------------------

@@ -3,7 +3,7 @@ Each returns the command's exit code."""
 
 from __future__ import annotations
 
-import json
+import contextlib
 import socket
 from pathlib import Path
 
@@ -11,6 +11,7 @@ import click
 
 from pipelines import InputError
 from probe.present import console, terminal
+from probe.present.jsontext import json_text
 from probe.present.measuring import EXIT_FAILED
 from probe.store.db import Store
 from probe.store.documents import read_run
@@ -23,7 +24,7 @@ def runs(db: Path | None, as_json: bool, limit: int) -> int:
     """The recorded runs, newest first (those whose process died unseen marked so)."""
     from probe.measure.samplers.host import pid_alive
 
-    with Store(db) as store:
+    with Store(db, create=db is None) as store:
         store.mark_abandoned_runs(socket.gethostname(), pid_alive)
         documents = [read_run(store, r.run_id) for r in store.runs()[:limit]]
     if as_json:
@@ -36,7 +37,7 @@ def runs(db: Path | None, as_json: bool, limit: int) -> int:
             }
             for d in documents
         ]  # fmt: skip
-        click.echo(json.dumps(listing, indent=2))
+        click.echo(json_text(listing))
     elif not documents:
         console.err.print("no runs yet: start one with `probe run`")
     else:
@@ -44,17 +45,18 @@ def runs(db: Path | None, as_json: bool, limit: int) -> int:
     return 0
 
 
-def show(db: Path | None, run_id: str, as_json: bool) -> int:
-    """A run and its diagnosis, or a sweep or doctor session."""
+def show(db: Path | None, run_id: str, as_json: bool, verbose: bool = False) -> int:
+    """A run and its diagnosis, or a sweep or doctor session; `verbose`: with failed lanes'
+    tracebacks."""
     from probe.judge.diagnosis import diagnose_run
     from probe.judge.results import is_session_id, read_session, resolve_subject
 
-    with Store(db) as store:
+    with Store(db, create=db is None) as store:
         subject = resolve_subject(store, run_id)
         if is_session_id(subject):
             session = read_session(store, subject)
             if as_json:
-                click.echo(json.dumps(session.to_json(), indent=2))
+                click.echo(json_text(session.to_json()))
             else:
                 console.print_session(session)
                 console.say(f"session {session.session_id}")
@@ -62,7 +64,7 @@ def show(db: Path | None, run_id: str, as_json: bool) -> int:
         document = read_run(store, subject)
         diagnosis = diagnose_run(store, document.run_id)
     if as_json:
-        click.echo(json.dumps({**document.to_json(), "diagnosis": diagnosis.to_json()}, indent=2))
+        click.echo(json_text({**document.to_json(), "diagnosis": diagnosis.to_json()}))
         return 0
     host = document.host
     reason = f": {document.reason}" if document.reason else ""
@@ -79,6 +81,11 @@ def show(db: Path | None, run_id: str, as_json: bool) -> int:
         ]
     )
     console.print_run(document, diagnosis)
+    for lane in document.lanes:
+        if lane.traceback and verbose:
+            console.say(f"lane {lane.lane} failed here:\n{lane.traceback.rstrip()}")
+        elif lane.traceback:
+            console.say(f"lane {lane.lane}'s traceback: `probe show {document.run_id} --verbose`")
     if diagnosis.answered_by is not None:
         console.say(
             f"the recommendations are doctor session {diagnosis.answered_by}'s, measured: this "
@@ -95,7 +102,7 @@ def report(db: Path | None, subject: str, form: str | None, output: Path | None)
     form = form or REPORT_FORMATS.get(output.suffix.lower() if output else "", "md")
     if output is not None and not output.parent.is_dir():
         raise InputError(f"cannot write {output}: no folder {output.parent}")
-    with Store(db) as store:
+    with Store(db, create=db is None) as store:
         text = render(build_report(store, subject), form)
     if output is None:
         click.echo(text, nl=False)
@@ -105,7 +112,8 @@ def report(db: Path | None, subject: str, form: str | None, output: Path | None)
         partial.write_text(text, encoding="utf-8")
         partial.replace(output)  # never half a report under the name asked for
     except OSError as error:
-        partial.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # a read-only file system refuses the cleanup too
+            partial.unlink(missing_ok=True)
         raise InputError(f"cannot write {output}: {error.strerror or error}") from None
     click.echo(f"wrote {output} ({form}, {len(text.encode()) / 1e6:.1f} MB)", err=True)
     return 0
@@ -130,11 +138,11 @@ def check(
     thresholds.check()
     from probe.judge.results import focus_run, resolve_subject
 
-    with Store(db) as store:
+    with Store(db, create=db is None) as store:
         run = focus_run(store, resolve_subject(store, run_id))
         result = check_run(read_run(store, run), thresholds)
     if as_json:
-        click.echo(json.dumps(result, indent=2))
+        click.echo(json_text(result))
     elif result["passed"]:
         click.echo(f"run {result['run_id']}: every lane meets {thresholds.text()}", err=True)
     else:

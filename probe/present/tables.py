@@ -280,10 +280,10 @@ def headline(verdict: Verdict) -> str:
 
 
 def run_notes(document: RunDocument) -> list[str]:
-    """How it read and warmed up, the transients, lane failures, skipped files, the consumer's
-    note and unavailable metrics."""
-    notes = []
+    """What to know of its data, how it read and warmed up, the transients, lane failures,
+    skipped files, the consumer's note and unavailable metrics."""
     config = document.config
+    notes = [f"data: {note}" for note in config.get("data_notes", [])]
     read = config.get("read")
     if read:
         per_epoch = sorted({lane.get("batches_per_epoch") for lane in config.get("lanes", [])}

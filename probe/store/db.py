@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import time
+import urllib.parse
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from enum import Enum
@@ -46,6 +48,7 @@ from probe.store.schema import (
 )
 
 ENV_VAR = "FEEDSCOPE_DB"
+BUSY_TIMEOUT_S = 10.0  # how long a write waits, by default, for another process's write lock
 BATCH_COLUMNS = (
     "run_id", "lane", "idx", "t_ns", "wait_s", "step_s", "size", "warmup", "epoch", "synced"
 )  # fmt: skip
@@ -70,33 +73,71 @@ def default_db_path() -> Path:
     return Path(platformdirs.user_data_dir("feedscope")) / "feedscope.db"
 
 
+class StoreBusy(Exception):
+    """Another process holds the store's write lock, longer than a write would wait."""
+
+
 class Store:
     """A connection to the store; use one per thread."""
 
-    def __init__(self, path: Path | str | None = None) -> None:
-        """Opens (and if new, creates) the store.
+    def __init__(self, path: Path | str | None = None, *, create: bool = True) -> None:
+        """Opens (and if new and `create`, creates) the store. A store this process cannot
+        write to (read-only media, another user's file) is opened for reading.
 
         Raises:
-            InputError: the file cannot be created or opened, is not a feedscope store, or was
-                written by a newer feedscope.
+            InputError: the file is missing (and not `create`), cannot be created or opened, is
+                not a feedscope store, or was written by a newer feedscope.
         """
         self.path = Path(path).expanduser() if path is not None else default_db_path()
         if self.path.is_dir():
             raise InputError(f"the store path is a folder, not a file: {self.path}")
-        try:
+        if not create and not self.path.exists():
+            raise InputError(f"no store at {self.path}: nothing was recorded there")
+        # Two processes creating one store at once (two nodes on a shared folder) can find it
+        # locked before any busy timeout applies: such an open is tried again.
+        deadline = time.monotonic() + BUSY_TIMEOUT_S
+        while True:
+            try:
+                self._db = self._open()
+                return
+            except sqlite3.OperationalError as error:
+                if not _is_busy(error) or time.monotonic() > deadline:
+                    raise InputError(
+                        f"cannot use {self.path} as the store: {_reason(error)}"
+                    ) from None
+                time.sleep(0.1)
+            except (sqlite3.DatabaseError, OSError) as error:
+                raise InputError(f"cannot use {self.path} as the store: {_reason(error)}") from None
+
+    read_only = False  # opened for reading only: this process cannot write the file
+
+    def _open(self) -> sqlite3.Connection:
+        read_only = self.read_only = self.path.exists() and not os.access(self.path, os.W_OK)
+        if read_only:
+            # Read-only media: nobody writes there, and SQLite cannot create the WAL's index.
+            folder_writable = os.access(self.path.parent, os.W_OK)
+            mode = "ro" if folder_writable else "ro&immutable=1"
+            uri = f"file:{urllib.parse.quote(str(self.path.absolute()))}?mode={mode}"
+            db = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        else:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(self.path, timeout=10, isolation_level=None)
-            self._db.row_factory = sqlite3.Row
-            self._db.execute("PRAGMA busy_timeout = 10000")
-            self._db.execute("PRAGMA journal_mode = WAL")
-            # WAL keeps the store whole at any crash with this; a power cut may lose the last
-            # writes. The staged rows of a write stay in memory.
-            self._db.execute("PRAGMA synchronous = NORMAL")
-            self._db.execute("PRAGMA temp_store = MEMORY")
-            self._db.execute("PRAGMA foreign_keys = ON")
-            migrate(self._db)
-        except (sqlite3.DatabaseError, OSError) as error:
-            raise InputError(f"cannot use {self.path} as the store: {_reason(error)}") from None
+            db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        try:
+            db.row_factory = sqlite3.Row
+            db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+            _refuse_foreign(db)
+            if not read_only:
+                db.execute("PRAGMA journal_mode = WAL")
+                # WAL keeps the store whole at any crash with this; a power cut may lose the
+                # last writes. The staged rows of a write stay in memory.
+                db.execute("PRAGMA synchronous = NORMAL")
+            db.execute("PRAGMA temp_store = MEMORY")
+            db.execute("PRAGMA foreign_keys = ON")
+            migrate(db)
+        except BaseException:
+            db.close()
+            raise
+        return db
 
     def close(self) -> None:
         self._db.close()
@@ -116,8 +157,8 @@ class Store:
             add_lanes(db, lanes)
 
     def update_lane(self, run_id: str, lane: int, **fields: Any) -> None:
-        """Sets some of a lane's columns: pid, gpu_uuid, status, reason, summary."""
-        allowed = {"pid", "gpu_uuid", "status", "reason", "summary"}
+        """Sets some of a lane's columns: pid, gpu_uuid, status, reason, summary, traceback."""
+        allowed = {"pid", "gpu_uuid", "status", "reason", "summary", "traceback"}
         if not fields.keys() <= allowed:
             raise ValueError(f"not lane columns to update: {sorted(fields.keys() - allowed)}")
         values = {k: _column_value(v) for k, v in fields.items()}
@@ -171,48 +212,73 @@ class Store:
         ]  # fmt: skip
 
     def add_batches(self, run_id: str, events: Iterable[BatchEvent]) -> None:
-        rows = [
-            (run_id, e.lane, e.index, e.t_ns, e.wait_s, e.step_s, e.size, int(e.warmup), e.epoch,
-             int(e.synced))
-            for e in events
-        ]  # fmt: skip
-        with self.transaction() as db:
-            rollups.add(db, "batches", run_id, BATCH_COLUMNS, rows)
+        self.add_rows(run_id, batches=events)
 
     def add_gpu_samples(self, run_id: str, samples: Iterable[GpuSample]) -> None:
-        rows = [
-            (run_id, s.gpu_uuid, s.t_ns, *(getattr(s, c) for c in GPU_COLUMNS)) for s in samples
-        ]
-        with self.transaction() as db:
-            rollups.add(db, "gpu_samples", run_id, GPU_TABLE_COLUMNS, rows)
+        self.add_rows(run_id, gpu=samples)
 
     def add_host_samples(self, run_id: str, hostname: str, samples: Iterable[HostSample]) -> None:
-        rows = [
-            (
-                run_id, hostname, s.t_ns, s.cpu_pct,
-                json.dumps([round(c, 1) for c in s.per_core_pct]), s.iowait_pct, s.steal_pct,
-                s.disk_read_mib_s, s.memory_used_mib, s.tree_cpu_pct, s.tree_processes,
-            )
-            for s in samples
-        ]  # fmt: skip
-        with self.transaction() as db:
-            rollups.add(db, "host_samples", run_id, HOST_COLUMNS, rows)
+        self.add_rows(run_id, host={hostname: samples})
 
     def add_lane_cpu(self, run_id: str, samples: Iterable[LaneCpuSample]) -> None:
-        rows = [
-            (
-                run_id, s.lane, s.t_ns, s.cpu_pct, s.main_cpu_pct, s.main_thread_cpu_pct,
-                s.processes, s.threads, s.pss_mib, s.worker_threads,
-            )
-            for s in samples
-        ]  # fmt: skip
-        with self.transaction() as db:
-            rollups.add(db, "lane_cpu", run_id, LANE_CPU_COLUMNS, rows)
+        self.add_rows(run_id, lane_cpu=samples)
 
     def add_unavailable(self, run_id: str, items: Iterable[Unavailable]) -> None:
-        rows = [(run_id, u.source, u.device, u.metric, u.reason) for u in items]
+        self.add_rows(run_id, unavailable=items)
+
+    def add_rows(
+        self,
+        run_id: str,
+        *,
+        batches: Iterable[BatchEvent] = (),
+        gpu: Iterable[GpuSample] = (),
+        host: Mapping[str, Iterable[HostSample]] | None = None,
+        lane_cpu: Iterable[LaneCpuSample] = (),
+        unavailable: Iterable[Unavailable] = (),
+    ) -> None:
+        """Writes a run's batch events and samples, with their rollups, in one transaction: all
+        of them or, if it raises, none.
+
+        Raises:
+            StoreBusy: another process held the write lock for longer than the busy timeout.
+        """
+        tables = {
+            "batches": (BATCH_COLUMNS, [
+                (run_id, e.lane, e.index, e.t_ns, e.wait_s, e.step_s, e.size, int(e.warmup),
+                 e.epoch, int(e.synced))
+                for e in batches
+            ]),
+            "gpu_samples": (GPU_TABLE_COLUMNS, [
+                (run_id, s.gpu_uuid, s.t_ns, *(getattr(s, c) for c in GPU_COLUMNS)) for s in gpu
+            ]),
+            "host_samples": (HOST_COLUMNS, [
+                (
+                    run_id, hostname, s.t_ns, s.cpu_pct,
+                    json.dumps([round(c, 1) for c in s.per_core_pct]), s.iowait_pct,
+                    s.steal_pct, s.disk_read_mib_s, s.memory_used_mib, s.tree_cpu_pct,
+                    s.tree_processes,
+                )
+                for hostname, samples in (host or {}).items()
+                for s in samples
+            ]),
+            "lane_cpu": (LANE_CPU_COLUMNS, [
+                (
+                    run_id, s.lane, s.t_ns, s.cpu_pct, s.main_cpu_pct, s.main_thread_cpu_pct,
+                    s.processes, s.threads, s.pss_mib, s.worker_threads,
+                )
+                for s in lane_cpu
+            ]),
+        }  # fmt: skip
+        missing = [(run_id, u.source, u.device, u.metric, u.reason) for u in unavailable]
         with self.transaction() as db:
-            db.executemany("INSERT OR IGNORE INTO unavailable VALUES (?, ?, ?, ?, ?)", rows)
+            for table, (columns, rows) in tables.items():
+                if rows:
+                    rollups.add(db, table, run_id, columns, rows)
+            db.executemany("INSERT OR IGNORE INTO unavailable VALUES (?, ?, ?, ?, ?)", missing)
+
+    def busy_timeout(self, seconds: float = BUSY_TIMEOUT_S) -> None:
+        """How long a write waits for another process's write lock before StoreBusy."""
+        self._db.execute(f"PRAGMA busy_timeout = {int(seconds * 1000)}")
 
     def mark_abandoned_runs(self, hostname: str, is_alive: Any) -> list[str]:
         """Marks `running` runs of this host whose process is gone as interrupted.
@@ -221,22 +287,32 @@ class Store:
             hostname: this host: runs of other hosts are left alone.
             is_alive: called with a process id.
         """
+        if self.read_only:
+            return []  # a store on read-only media: nobody is running there
         rows = self._db.execute(
             "SELECT run_id, pid FROM runs WHERE status = ? AND hostname = ?",
             (RunStatus.RUNNING.value, hostname),
         ).fetchall()
         gone = [row["run_id"] for row in rows if row["pid"] is None or not is_alive(row["pid"])]
+        if not gone:
+            return []  # nothing to write: no write lock taken (readers never wait on one)
         reason = "the probe process ended without finishing the run (killed?)"
-        with self.transaction() as db:
-            for run_id in gone:
-                db.execute(
-                    "UPDATE runs SET status = ?, reason = ? WHERE run_id = ?",
-                    (RunStatus.INTERRUPTED.value, reason, run_id),
-                )
-                db.execute(
-                    "UPDATE lanes SET status = ?, reason = ? WHERE run_id = ? AND status = ?",
-                    (RunStatus.INTERRUPTED.value, reason, run_id, RunStatus.RUNNING.value),
-                )
+        self.busy_timeout(0.5)  # a reader does not wait on another writer for this
+        try:
+            with self.transaction() as db:
+                for run_id in gone:
+                    db.execute(
+                        "UPDATE runs SET status = ?, reason = ? WHERE run_id = ?",
+                        (RunStatus.INTERRUPTED.value, reason, run_id),
+                    )
+                    db.execute(
+                        "UPDATE lanes SET status = ?, reason = ? WHERE run_id = ? AND status = ?",
+                        (RunStatus.INTERRUPTED.value, reason, run_id, RunStatus.RUNNING.value),
+                    )
+        except StoreBusy:
+            return []  # the next reader marks them
+        finally:
+            self.busy_timeout()
         return gone
 
     # reading
@@ -502,13 +578,51 @@ class Store:
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
-        self._db.execute("BEGIN IMMEDIATE")
+        """A write transaction.
+
+        Raises:
+            StoreBusy: another process held the write lock for longer than the busy timeout.
+        """
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as error:
+            raise self._refusal(error) from None
         try:
             yield self._db
-        except BaseException:
+        except BaseException as error:
             self._db.execute("ROLLBACK")
+            if isinstance(error, sqlite3.OperationalError) and "readonly" in str(error):
+                raise self._refusal(error) from None
             raise
         self._db.execute("COMMIT")
+
+    def _refusal(self, error: sqlite3.OperationalError) -> Exception:
+        """What a write the store refused raises: InputError (read-only), StoreBusy (locked),
+        or the error itself."""
+        if "readonly" in str(error):
+            return InputError(f"the store {self.path} is read-only here: it can only be read")
+        if _is_busy(error):
+            waited = self._db.execute("PRAGMA busy_timeout").fetchone()[0] / 1000
+            return StoreBusy(
+                f"the store {self.path} is locked by another process (a write waited {waited:g} s)"
+            )
+        return error
+
+
+def _refuse_foreign(db: sqlite3.Connection) -> None:
+    """Raises InputError for an SQLite file of another application (tables, none of them
+    feedscope's `meta`), before anything in it is changed."""
+    tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if tables and "meta" not in tables:
+        path = db.execute("PRAGMA database_list").fetchone()[2]
+        raise InputError(
+            f"{path} is an SQLite file of another application, not a feedscope store: "
+            "give another --db"
+        )
+
+
+def _is_busy(error: sqlite3.OperationalError) -> bool:
+    return "locked" in str(error) or "busy" in str(error)
 
 
 def _column_value(value: Any) -> Any:

@@ -58,6 +58,7 @@ class LaneDocument:
     status: str
     reason: str | None
     figures: LaneFigures
+    traceback: str | None = None  # a failed lane's, whole
 
     @property
     def device(self) -> str:
@@ -67,7 +68,8 @@ class LaneDocument:
         return {
             "lane": self.lane, "gpu": self.gpu, "gpu_uuid": self.gpu_uuid,
             "shard_id": self.shard_id, "num_shards": self.num_shards, "hostname": self.hostname,
-            "status": self.status, "reason": self.reason, **self.figures.to_json(),
+            "status": self.status, "reason": self.reason, "traceback": self.traceback,
+            **self.figures.to_json(),
         }  # fmt: skip
 
 
@@ -357,6 +359,7 @@ def read_run(store: Store, run_id: str) -> RunDocument:
             status=lane.status.value,
             reason=lane.reason,
             figures=lane_figures_of(store, run, lane),
+            traceback=lane.traceback,
         )
         for lane in store.lanes(run.run_id)
     )

@@ -66,14 +66,15 @@ def import_run(store: Store, export: RunExport) -> list[int]:
 
 def add_rows(store: Store, export: RunExport, shift: int = 0) -> None:
     """Writes an export's events and samples (not its run or lanes), `shift` added to their
-    times."""
-    run_id = export.run.run_id
-    store.add_batches(run_id, _moved(export.batches, shift))
-    store.add_gpu_samples(run_id, _moved(export.gpu, shift))
-    for hostname, samples in export.host.items():
-        store.add_host_samples(run_id, hostname, _moved(samples, shift))
-    store.add_lane_cpu(run_id, _moved(export.lane_cpu, shift))
-    store.add_unavailable(run_id, export.unavailable)
+    times, in one transaction."""
+    store.add_rows(
+        export.run.run_id,
+        batches=_moved(export.batches, shift),
+        gpu=_moved(export.gpu, shift),
+        host={name: _moved(samples, shift) for name, samples in export.host.items()},
+        lane_cpu=_moved(export.lane_cpu, shift),
+        unavailable=export.unavailable,
+    )
 
 
 def export_run(store: Store, run_id: str) -> RunExport:

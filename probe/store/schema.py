@@ -15,7 +15,7 @@ from probe.metrics import GPU_METRICS
 from probe.records import HostSample, LaneRecord, RunRecord, RunStatus, SessionRecord
 from probe.store import rollups
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -70,6 +70,7 @@ CREATE TABLE IF NOT EXISTS lanes (
     status TEXT NOT NULL,
     reason TEXT,
     summary TEXT,
+    traceback TEXT,
     PRIMARY KEY (run_id, lane)
 );
 CREATE TABLE IF NOT EXISTS batches (
@@ -169,8 +170,11 @@ def migrate(db: sqlite3.Connection) -> None:
         if "pss_mib" not in columns:  # 5 -> 6: a lane's memory (PSS), its workers' threads
             db.execute("ALTER TABLE lane_cpu ADD COLUMN pss_mib REAL")
             db.execute("ALTER TABLE lane_cpu ADD COLUMN worker_threads INTEGER")
-        if version is not None:  # 6 -> 7: rollups, built from the rows stored
+        if version is not None and version < 7:  # 6 -> 7: rollups, built from the rows stored
             rollups.rebuild(db)
+        columns = {row["name"] for row in db.execute("PRAGMA table_info(lanes)")}
+        if "traceback" not in columns:  # 7 -> 8: a failed lane's whole traceback
+            db.execute("ALTER TABLE lanes ADD COLUMN traceback TEXT")
         db.execute(
             "INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
         )
@@ -182,12 +186,13 @@ def migrate(db: sqlite3.Connection) -> None:
 
 def add_lanes(db: sqlite3.Connection, lanes: Sequence[LaneRecord]) -> None:
     db.executemany(
-        "INSERT INTO lanes VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "INSERT INTO lanes (run_id, lane, gpu_index, gpu_uuid, shard_id, num_shards, hostname, "
+        "pid, status, reason, summary, traceback) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         [
             (
                 lane.run_id, lane.lane, lane.gpu_index, lane.gpu_uuid, lane.shard_id,
                 lane.num_shards, lane.hostname, lane.pid, lane.status.value, lane.reason,
-                None if lane.summary is None else json.dumps(lane.summary),
+                None if lane.summary is None else json.dumps(lane.summary), lane.traceback,
             )
             for lane in lanes
         ],
@@ -236,4 +241,5 @@ def lane_from_row(row: sqlite3.Row) -> LaneRecord:
         hostname=row["hostname"], pid=row["pid"], status=RunStatus(row["status"]),
         reason=row["reason"],
         summary=None if row["summary"] is None else json.loads(row["summary"]),
+        traceback=row["traceback"],
     )  # fmt: skip

@@ -51,7 +51,10 @@ class HostSampler:
         # (what, pid, start time) -> CPU seconds last read; what: own, ended (its ended
         # children's), thread (its main thread's)
         self._cpu_seconds: dict[tuple[str, int, float], float] = {}
-        self._started = time.time()  # processes older than this: only their time from now on
+        # Processes already running: only their time from now on counts. Told by pid and start
+        # time, not by clock: psutil's start times come from the boot time, which can be off
+        # from time.time() by a second in a virtual machine.
+        self._older = {(p.pid, p.info["create_time"]) for p in psutil.process_iter(["create_time"])}
         self._carry: dict[int, float] = {}  # tree -> CPU seconds given back ahead of time
         self._trees: dict[int, _Tree] = {}  # -1: the whole run
         self._slow_ns = 0
@@ -77,11 +80,12 @@ class HostSampler:
         # One CPU reading per process, shared by the run's tree and the lane trees within it.
         members = {p.pid: p for tree in self._trees.values() for p in tree.members}
         deltas = {pid: self._cpu_delta(process) for pid, process in members.items()}
+        most = len(per_core) * seconds  # the CPU seconds the host's cores had
         lanes = [
             LaneCpuSample(
                 t_ns=t_ns,
                 lane=lane,
-                cpu_pct=100 * self._tree_seconds(lane, tree, deltas) / seconds,
+                cpu_pct=100 * self._tree_seconds(lane, tree, deltas, most) / seconds,
                 main_cpu_pct=100 * deltas.get(tree.root_pid, (0.0, 0.0))[0] / seconds,
                 main_thread_cpu_pct=100 * self._main_thread_delta(tree.root_pid) / seconds,
                 processes=len(tree.members),
@@ -103,7 +107,7 @@ class HostSampler:
             steal_pct=steal,
             disk_read_mib_s=self._disk_read_mib_s,
             memory_used_mib=self._memory_used_mib,
-            tree_cpu_pct=100 * self._tree_seconds(-1, run_tree, deltas) / seconds,
+            tree_cpu_pct=100 * self._tree_seconds(-1, run_tree, deltas, most) / seconds,
             tree_processes=len(run_members),
         )
         return host, lanes
@@ -226,18 +230,21 @@ class HostSampler:
         )
 
     def _tree_seconds(
-        self, key: int, tree: _Tree | None, deltas: dict[int, tuple[float, float]]
+        self, key: int, tree: _Tree | None, deltas: dict[int, tuple[float, float]], most: float
     ) -> float:
-        """A tree's CPU seconds since the last sample. What an ended child gives back can come
-        a sample before its parent's counters take it in: it is carried, never shown below 0."""
+        """A tree's CPU seconds since the last sample, at most the `most` seconds the host's
+        cores had meanwhile. A process is found when the trees are read (once a second): its
+        time until then comes in one sample, and what is over the host's is carried on to the
+        next samples, as is what an ended child gives back before its parent's counters take it
+        in. Nothing is lost, and no sample shows more CPU than the host has."""
         if tree is None:
             return 0.0
         total = self._carry.pop(key, 0.0) + sum(sum(deltas.get(p.pid, (0.0, 0.0)))
                                                 for p in tree.members)  # fmt: skip
-        if total < 0:
-            self._carry[key] = total
-            return 0.0
-        return total
+        shown = min(max(total, 0.0), most)
+        if total != shown:
+            self._carry[key] = total - shown
+        return shown
 
     def _main_thread_delta(self, pid: int) -> float:
         """CPU seconds of the process's main thread (the Python loop) since it was last read."""
@@ -258,7 +265,7 @@ class HostSampler:
         """CPU seconds since `key` was last read. At its first reading, all of a process's time
         if it started while this sampler ran, else none: what a lane kept warm from an earlier
         run did before this one is not this run's."""
-        if key not in self._cpu_seconds and key[2] < self._started:
+        if key not in self._cpu_seconds and key[1:] in self._older:
             self._cpu_seconds[key] = cpu_seconds
             return 0.0
         previous = self._cpu_seconds.get(key, 0.0)
@@ -319,8 +326,13 @@ def host_facts() -> dict[str, Any]:
     return {
         "cpu_model": model,
         "cpu_cores_total": psutil.cpu_count(),
-        "memory_mib": round(psutil.virtual_memory().total / 2**20),
+        "memory_mib": round(memory_bytes() / 2**20),
     }
+
+
+def memory_bytes() -> int:
+    """This host's memory, in bytes."""
+    return int(psutil.virtual_memory().total)
 
 
 def pid_alive(pid: int) -> bool:
