@@ -93,9 +93,14 @@ def chromium() -> tuple[str | None, str | None]:
 def skip_on_a_busy_host(document: Mapping[str, Any]) -> None:
     """Skips a test of the answer an idle host gives, where the probe found its host busy: other
     processes' CPU or steal could have moved it, and the probe says so (a `host_busy` verdict,
-    an unreliable lane, a session's busy points) instead of giving that answer."""
+    an unreliable lane, the other load as evidence, a session's busy points)."""
     diagnosis = document.get("diagnosis") or {}
     verdicts = [diagnosis["verdict"], *diagnosis.get("lanes", [])] if diagnosis else []
-    busy = any(v["kind"] == "host_busy" or not v.get("reliable", True) for v in verdicts)
+    busy = any(
+        v["kind"] == "host_busy"
+        or not v.get("reliable", True)
+        or any(e["metric"] in ("host_other_cores", "steal_pct") for e in v["evidence"])
+        for v in verdicts
+    )
     if busy or document.get("host_busy"):
         pytest.skip("the probe found this host busy with other work: no idle host's answer")
