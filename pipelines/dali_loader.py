@@ -5,7 +5,10 @@ hardware JPEG decoder on a GPU; `cpu`: libjpeg-turbo) -> `resize` -> `crop_mirro
 (CHW, float32, random mirror), exposed through `DALIGenericIterator` with `reader_name`. The
 reader gets the same file list, in the same order, as the DataLoader backend and no shuffling of
 its own (its `random_shuffle` re-orders the list before sharding, with a fixed internal seed), so
-both backends read the same files for a shard. DALI is imported here and nowhere else.
+both backends read the same files for a shard. Read epoch by epoch, an epoch's last batch may be
+partial; read as a stream, the reader wraps around the shard with no epoch end and every batch
+is full, as the DataLoader's stream (`EndlessBatches`) is. DALI is imported here and nowhere
+else.
 """
 
 from __future__ import annotations
@@ -18,8 +21,8 @@ from typing import Any, ClassVar
 from PIL import Image
 
 from pipelines.dataset import Dataset, shard
-from pipelines.errors import DALI_INSTALL_HINT, BackendUnavailable, CorruptImageError
-from pipelines.loader import Batch, InputPipeline, ReadStart
+from pipelines.errors import DALI_INSTALL_HINT, BackendUnavailable, CorruptImageError, InputError
+from pipelines.loader import NOTHING_TO_READ, Batch, InputPipeline, ReadStart
 from pipelines.spec import Backend, Decoder, PipelineSpec
 
 try:
@@ -44,12 +47,23 @@ class DaliPipeline(InputPipeline):
     def __init__(self, spec: PipelineSpec, dataset: Dataset) -> None:
         super().__init__(spec, dataset)
         self._batches_read = 0  # in the current epoch: where a failure happened
-        self._iterator: Any = None
-        self._iterator = self._start()
+        self._streaming = False  # whether `_iterator` reads the stream, or epochs
+        self._iterator: Any = None  # built when reading starts: for epochs or for the stream
 
     def __iter__(self) -> Iterator[Batch]:
         # DALI's reader goes on past an epoch's end and its pipeline keeps decoding ahead: an
         # epoch starts with nothing to start or refill.
+        yield from self._read(stream=False)
+
+    def stream(self) -> Iterator[Batch]:
+        """Full batches without end: the reader wraps around the shard (a batch may hold the end
+        of one pass and the start of the next), one start of reading, no epoch end."""
+        yield from self._read(stream=True)
+
+    def _read(self, stream: bool) -> Iterator[Batch]:
+        if self._iterator is None or stream != self._streaming:
+            self._iterator = None  # another way of reading's buffers go before these come
+            self._iterator, self._streaming = self._start(stream), stream
         started_ns = time.monotonic_ns()
         while True:
             self._batches_read = 0
@@ -67,17 +81,21 @@ class DaliPipeline(InputPipeline):
                 self._skip_or_raise(error)
                 # DALI's pipeline is dead after a decode error: build one without the file.
                 # The shard's epoch starts over, and shard bounds move by the files skipped.
-                self._iterator = self._start()
+                self._iterator = self._start(stream)
 
     def close(self) -> None:
         self._iterator = None
 
-    def _start(self) -> Any:
-        """Builds the DALI pipeline and its iterator, which decodes the first batches at once."""
+    def _start(self, stream: bool = False) -> Any:
+        """Builds the DALI pipeline and its iterator, which starts decoding at once:
+        epoch by epoch (the reader names the epoch's size; its last batch partial), or as a
+        stream (no size: the reader wraps around, and the iterator never ends)."""
         while True:
             try:
+                if stream:
+                    return DALIGenericIterator(self._build(stream), ["images", "labels"])
                 return DALIGenericIterator(
-                    self._build(),
+                    self._build(stream),
                     ["images", "labels"],
                     reader_name=READER_NAME,
                     last_batch_policy=LastBatchPolicy.PARTIAL,
@@ -133,9 +151,11 @@ class DaliPipeline(InputPipeline):
             labels=tuple(label for _, label in kept),
         )
 
-    def _build(self) -> Any:
+    def _build(self, stream: bool) -> Any:
         spec, augmentation = self.spec, self.spec.augmentation
         readable = self._readable()
+        if not shard(readable, spec.shard_id, spec.num_shards).files:
+            raise InputError(NOTHING_TO_READ)
         decoder = spec.dali_decoder
         decoder_options: dict[str, Any] = {}
         if decoder is Decoder.MIXED:
@@ -161,7 +181,8 @@ class DaliPipeline(InputPipeline):
                 num_shards=spec.num_shards,
                 random_shuffle=False,
                 stick_to_shard=True,
-                pad_last_batch=True,  # with PARTIAL, epochs end exactly at the shard's end
+                # epochs: with PARTIAL, they end exactly at the shard's end; a stream: wraps
+                pad_last_batch=not stream,
                 name=READER_NAME,
             )
             images: Any = fn.decoders.image_random_crop(

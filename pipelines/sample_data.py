@@ -3,8 +3,10 @@
 Decoding cost depends on what is in a JPEG: random noise compresses badly and decodes slowly,
 flat colour decodes fast. These images sit in between, like photos: smooth backgrounds, objects
 with soft edges, textured surfaces and mild sensor noise; 300-640 px a side, quality 90, about
-60 KB on average (ImageNet's photos average about 110 KB at a similar size). Each class has its
-own hue, so the labels mean something. Output is deterministic for a seed.
+60 KB on average (ImageNet's photos average about 110 KB at a similar size), or of the width and
+height asked for (a camera's 1600-2000 x 1200-1500 px come to about 0.7 MB each, and decode
+about ten times as slowly). Each class has its own hue, so the labels mean something. Output is
+deterministic for a seed.
 """
 
 from __future__ import annotations
@@ -28,16 +30,21 @@ from pipelines.host import available_cpus
 
 GENERATOR_VERSION = 1
 JPEG_QUALITY = 90
+MIN_SIDE, MAX_SIDE = 16, 8192  # pixels a side a generated image may have
 MANIFEST = "feedscope-sample.json"
 
 
 @dataclass(frozen=True)
 class SampleParams:
-    """What to generate: `count` images spread over `classes` class folders."""
+    """What to generate: `count` images spread over `classes` class folders; each image's
+    width and height drawn from `width` and `height` (inclusive ranges of pixels), or, where
+    they are None, the built-in shapes (400-640 px on the long side, three in four landscape)."""
 
     count: int = 1000
     classes: int = 8
     seed: int = 0
+    width: tuple[int, int] | None = None
+    height: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if self.count < 1:
@@ -46,6 +53,14 @@ class SampleParams:
             raise InputError(f"classes must be within 1..count ({self.count}) (got {self.classes})")
         if self.seed < 0:
             raise InputError(f"seed must be >= 0 (got {self.seed})")
+        if (self.width is None) != (self.height is None):
+            raise InputError("give both a width and a height range, or neither")
+        for name, span in (("width", self.width), ("height", self.height)):
+            if span is not None and not MIN_SIDE <= span[0] <= span[1] <= MAX_SIDE:
+                raise InputError(
+                    f"{name} must be a range of pixels within {MIN_SIDE}..{MAX_SIDE}, its low end "
+                    f"first (got {span[0]}-{span[1]})"
+                )
 
 
 DEFAULT_SAMPLE = SampleParams()
@@ -100,7 +115,8 @@ def make_sample_dataset(
             total_bytes += size
             if progress is not None:
                 progress(1)
-        manifest = {**asdict(params), "generator_version": GENERATOR_VERSION}
+        chosen = {key: value for key, value in asdict(params).items() if value is not None}
+        manifest = {**chosen, "generator_version": GENERATOR_VERSION}
         (scratch / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         if root.exists():
             root.rmdir()  # empty, checked above; os.replace needs the name free
@@ -147,12 +163,21 @@ def ensure_default_dataset(
     return root
 
 
-def render_image(seed: int, index: int, label: int, classes: int) -> bytes:
-    """One natural-looking JPEG, determined by (seed, index); its hues follow its label."""
+def render_image(
+    seed: int,
+    index: int,
+    label: int,
+    classes: int,
+    size: tuple[tuple[int, int], tuple[int, int]] | None = None,
+) -> bytes:
+    """One natural-looking JPEG, determined by (seed, index); its hues follow its label; its
+    width and height drawn from `size` (two inclusive ranges), else the built-in shapes."""
     rng = np.random.default_rng([seed, index])
     long_side = int(rng.integers(400, 641))
     short_side = int(max(300, long_side * rng.uniform(0.62, 0.9)))
     width, height = (long_side, short_side) if rng.random() < 0.75 else (short_side, long_side)
+    if size is not None:
+        width, height = (int(rng.integers(low, high + 1)) for low, high in size)
     hue = label / classes
 
     def color(
@@ -262,7 +287,8 @@ def _class_name(label: int) -> str:
 def _write_one(task: tuple[Path, SampleParams, int]) -> int:
     root, params, index = task
     label = index % params.classes
-    data = render_image(params.seed, index, label, params.classes)
+    size = None if params.width is None or params.height is None else (params.width, params.height)
+    data = render_image(params.seed, index, label, params.classes, size)
     (root / _class_name(label) / f"img_{index:06d}.jpg").write_bytes(data)
     return len(data)
 

@@ -204,6 +204,14 @@ class PipelineSpec:
             f"({bytes_text(self.batch_bytes(backend))})"
         )
 
+    def in_flight(self, backend: Backend) -> int:
+        """Batches the pipeline holds ahead of the consumer at most: a DataLoader's workers x
+        prefetch_factor, DALI's prefetch queue (filled while the consumer is slower, they
+        are then handed over faster than they are made)."""
+        if backend is Backend.DALI:
+            return self.dali.prefetch_queue_depth
+        return self.dataloader.num_workers * self.dataloader.prefetch_factor
+
     def with_shard(self, shard_id: int, num_shards: int) -> PipelineSpec:
         """The same pipeline reading another shard."""
         return dataclasses.replace(self, shard_id=shard_id, num_shards=num_shards)

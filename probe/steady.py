@@ -5,10 +5,19 @@ A batch's time is its wait plus its step: the probe's own bookkeeping between ba
 training loop's time outside the loader's `for` (between epochs), are in no figure. Images/s is
 images over that time, data-wait the share of it spent waiting.
 
-Errors come from batch means: the measured batches are cut into consecutive blocks (at least
-`MIN_BLOCK_BATCHES` batches and a batch per DataLoader worker each, whole epochs when the loader
-restarts at each epoch), and the spread of the blocks gives a 95% interval (Student's t) for the
-ratio. A figure from fewer than `MIN_BLOCKS` blocks is not judged on.
+Errors come from batch means: the measured batches are cut into consecutive blocks (a batch per
+DataLoader worker each, at least `MIN_BLOCK_BATCHES`, whole epochs when the loader restarts at
+each epoch; fewer batches a block where a slow pipeline measured too few for `FEW_BLOCKS` such
+blocks), and the spread of the blocks gives a 95% interval (Student's t) for the ratio. A figure
+is precise on `MIN_BLOCKS` full blocks or more; on fewer (down to `MIN_JUDGED_BLOCKS`) it is
+judged with its wider error, never dropped.
+
+A window is steady only when nothing left from its start is still being consumed: once the
+rate has settled, the batches the pipeline holds in flight are taken and not stepped (`Warmup`),
+so that the window opens on an empty prefetch queue; a lane measuring until precise moves the
+first half of a window whose halves differ far beyond their errors into its warm-up
+(`transient`); and a window whose halves still differ beyond their errors trends: its error
+covers the difference, so that it is measured on (extended) until the halves agree.
 """
 
 from __future__ import annotations
@@ -21,9 +30,15 @@ from dataclasses import dataclass
 
 from probe.records import BatchEvent
 
-MIN_BLOCKS = 10  # a figure is judged on at least this many blocks
+MIN_BLOCKS = 10  # a figure is precise on at least this many blocks
+MIN_JUDGED_BLOCKS = 3  # ... and judged, with its wider error (t: 4.3), on at least this many
+FEW_BLOCKS = 5  # blocks shrink below a batch per worker only where they would be fewer
 MAX_BLOCKS = 30  # more, longer blocks once there are enough batches: less correlated
-MIN_BLOCK_BATCHES = 4
+MIN_BLOCK_BATCHES = 2
+MIN_HALF_BLOCKS = 3  # a window is tested for a trend once each half holds this many blocks
+# Halves this many times their 95% margin apart: the first half still belongs to the start (a
+# lane tests a window at a few growing lengths, so that chance alone rarely cuts one).
+TREND_CUT = 2.0
 PRECISION = 0.03  # by default a point is measured until images/s is known within +-3% (95%)
 MAX_MEASURE_S = 60.0  # ... or for this long, whichever comes first
 MIN_MEASURE_S = 3.0  # and never on less than this: a few lucky blocks are not precision
@@ -36,6 +51,9 @@ SETTLED_WITHIN = 0.10  # warm-up ends once two windows' rates agree within 10%
 MIN_WINDOW_S = 1.0  # a warm-up window holds at least this much time ...
 WINDOW_BLOCKS = 2  # ... and this many blocks of batches
 MAX_WARMUP_S = 20.0  # then measuring starts anyway, and the run says it did not settle
+# A consumer that waited less than this share of the last warm-up window may have a full
+# prefetch queue ahead of it: what it holds is taken, not stepped, before measuring.
+FED_WAIT = 0.05
 
 # Student's t, two-sided 95%, for 1 .. 30 degrees of freedom.
 _T95 = (
@@ -52,6 +70,8 @@ class Estimate:
     value: float
     error: float | None
     blocks: int
+    trend: float | None = None  # the second half against the first, where they differ beyond
+    # their errors (-0.2: 20% lower); the error then covers the difference
 
     @property
     def relative_error(self) -> float | None:
@@ -61,18 +81,26 @@ class Estimate:
 
     @property
     def judged(self) -> bool:
-        """Whether it rests on enough blocks to judge or compare on."""
-        return self.error is not None and self.blocks >= MIN_BLOCKS
+        """Whether it rests on enough blocks to judge or compare on, with its error."""
+        return self.error is not None and self.blocks >= MIN_JUDGED_BLOCKS
 
     def within(self, precision: float) -> bool:
-        """Whether it is judged and known within `precision` (a share of its value)."""
+        """Whether it rests on MIN_BLOCKS blocks and is known within `precision` (a share of its
+        value)."""
         relative = self.relative_error
-        return self.judged and relative is not None and relative <= precision
+        return self.blocks >= MIN_BLOCKS and relative is not None and relative <= precision
 
 
-def block_batches(loaders: int | None) -> int:
-    """Batches per block: at least one per DataLoader worker, which make them in turn."""
-    return max(MIN_BLOCK_BATCHES, loaders or 0)
+def block_batches(loaders: int | None, batches: int | None = None) -> int:
+    """Batches per block: one per DataLoader worker, which make them in turn, and at least
+    MIN_BLOCK_BATCHES; where only `batches` were measured, fewer, so that they make
+    FEW_BLOCKS blocks. Whole rounds of the workers are kept while they make FEW_BLOCKS: a
+    block shorter than a round holds a burst or a gap, its blocks spread far more, and the
+    error is wider (not narrower) than on fewer whole rounds."""
+    full = max(MIN_BLOCK_BATCHES, loaders or 0)
+    if batches is None:
+        return full
+    return max(MIN_BLOCK_BATCHES, min(full, batches // FEW_BLOCKS))
 
 
 def batch_seconds(event: BatchEvent) -> float:
@@ -128,17 +156,76 @@ def t95(degrees: int) -> float:
     return 1.96 + 2.4 / degrees  # within 0.1% of the exact value from 30 on
 
 
+def steady_ratio(pairs: Sequence[tuple[float, float]]) -> Estimate:
+    """`ratio` over consecutive blocks, tested for a trend: where the first half's ratio differs
+    from the second half's beyond what the second half's spread allows (`halves`), the window is
+    not steady yet, and its error covers the distance from the whole to the second half
+    (`Estimate.trend` says how much the halves differ)."""
+    whole = ratio(pairs)
+    found = halves(pairs)
+    if whole.error is None or found is None:
+        return whole
+    first, second, allowed = found
+    if abs(first.value - second.value) <= allowed:
+        return whole
+    error = math.hypot(whole.error, whole.value - second.value)
+    return Estimate(whole.value, error, whole.blocks, second.value / first.value - 1)
+
+
+def halves(pairs: Sequence[tuple[float, float]]) -> tuple[Estimate, Estimate, float] | None:
+    """The ratios of a window's first and second halves of blocks, and the 95% margin by which
+    the first may differ from the second if the window is steady: the second half's spread, for
+    both halves' blocks (a first half that holds a transient spreads more, and would hide it).
+    None where a half holds fewer than MIN_HALF_BLOCKS blocks."""
+    half = len(pairs) // 2
+    if half < MIN_HALF_BLOCKS:
+        return None
+    first, second = ratio(pairs[:half]), ratio(pairs[half:])
+    if second.error is None or first.value <= 0:
+        return None
+    return first, second, second.error * math.sqrt(1 + (len(pairs) - half) / half)
+
+
+def transient(measured: Sequence[BatchEvent], loaders: int | None = None) -> int:
+    """How many batches at the start of a measured window still belong to its start: its first
+    half, where the images/s of its two halves (blocks of a batch per worker) differ by more
+    than TREND_CUT times the margin a steady window allows (`halves`: a backlog drained, a
+    consumer that sped up); else 0."""
+    size = block_batches(loaders)
+    if len(measured) < 2 * MIN_HALF_BLOCKS * size:
+        return 0
+    parts = blocks(measured, size)
+    found = halves([(sum(e.size for e in b), sum(batch_seconds(e) for e in b)) for b in parts])
+    if found is None:
+        return 0
+    first, second, allowed = found
+    if abs(first.value - second.value) <= TREND_CUT * allowed:
+        return 0
+    return sum(len(b) for b in parts[: len(parts) // 2])
+
+
 def images_per_s(measured: Sequence[BatchEvent], loaders: int | None = None) -> Estimate:
     """Images per second of batch time, with its error."""
-    parts = blocks(measured, block_batches(loaders))
-    return ratio([(sum(e.size for e in b), sum(batch_seconds(e) for e in b)) for b in parts])
+    parts = blocks(measured, block_batches(loaders, len(measured)))
+    return steady_ratio([(sum(e.size for e in b), sum(batch_seconds(e) for e in b)) for b in parts])
 
 
 def data_wait(measured: Sequence[BatchEvent], loaders: int | None = None) -> Estimate:
     """Data-wait (`probe.metrics.wait_share` of all measured batches), with its error from the
     blocks'."""
-    parts = blocks(measured, block_batches(loaders))
-    return ratio([(sum(e.wait_s for e in b), sum(batch_seconds(e) for e in b)) for b in parts])
+    parts = blocks(measured, block_batches(loaders, len(measured)))
+    return steady_ratio(
+        [(sum(e.wait_s for e in b), sum(batch_seconds(e) for e in b)) for b in parts]
+    )
+
+
+def pooled(estimates: Sequence[Estimate]) -> Estimate:
+    """Several runs of one setting as one figure: their mean, its error from theirs (what the
+    runs differ by beyond that is the drift that comparisons with `drift` allow for)."""
+    errors = [e.error for e in estimates if e.error is not None]
+    error = math.hypot(*errors) / len(estimates) if len(errors) == len(estimates) else None
+    value = sum(e.value for e in estimates) / len(estimates)
+    return Estimate(value, error, sum(e.blocks for e in estimates))
 
 
 def at_least(a: Estimate, fraction: float, b: Estimate) -> bool:
@@ -164,8 +251,14 @@ def margin(a: Estimate, fraction: float, b: Estimate, *, drift: bool = False) ->
 
 class Warmup:
     """Tells which batches are warm-up: the first `fixed` ones, or (`fixed` None) those until
-    the rate settles: two consecutive windows of batches agree within SETTLED_WITHIN. With
-    `by_epoch` windows end at epoch starts, and measuring starts at one."""
+    the rate settles (two consecutive windows of batches agree within SETTLED_WITHIN) and then,
+    where the consumer hardly waited in the last window (FED_WAIT), `in_flight` more, the
+    batches the pipeline holds ahead: taken and not stepped (`flushing`), so that measuring
+    starts with nothing made ahead of it. A prefetch queue that filled while the consumer was
+    slower (in its first steps, or while the last pipeline's processes ended) would otherwise be
+    read as throughput while it drains; a fed pipeline's queue refills at once, and a consumer
+    that waits has emptied it. With `by_epoch` windows end at epoch
+    starts, measuring starts at one, and nothing is flushed (each epoch starts empty)."""
 
     def __init__(
         self,
@@ -173,44 +266,71 @@ class Warmup:
         loaders: int | None,
         by_epoch: bool,
         min_window_s: float = MIN_WINDOW_S,
+        in_flight: int = 0,
     ) -> None:
         self.fixed, self.by_epoch, self.min_window_s = fixed, by_epoch, min_window_s
+        self.in_flight = 0 if by_epoch or fixed is not None else in_flight
         self.window_batches = 1 if by_epoch else WINDOW_BLOCKS * block_batches(loaders)
         self.batches = 0
         self.seconds = 0.0
         self.settled: bool | None = None  # None while warming up
-        self._window = [0, 0.0, 0]  # batches, seconds, images
+        self._flush = 0  # batches still to take and not step once settled
+        self._window = [0, 0.0, 0, 0.0]  # batches, seconds, images, wait
+        self._waited = 0.0  # the last window's data-wait share
         self._last_epoch: int | None = None
         self._rates: list[float] = []
 
+    def flush(self) -> None:
+        """Takes the batches in flight again, not stepped: a window that restarts (its start
+        still trended) opens on an empty queue too."""
+        self._flush = self.in_flight
+
+    @property
+    def flushing(self) -> bool:
+        """Whether the next batch is to be taken and not stepped: one of those the pipeline
+        held ahead when the rate settled."""
+        return self._flush > 0
+
     def warming(self, event: BatchEvent) -> bool:
         """Whether `event`, the next batch, is still warm-up."""
+        if self._flush > 0:
+            self._flush -= 1
+            self._count(event)
+            return True
         if self.settled is not None:
             return False
         if self.fixed is not None:
             if self.batches >= self.fixed:
                 self.settled = True
                 return False
-            self.batches += 1
+            self._count(event)
             return True
         new_epoch = self._last_epoch is not None and event.epoch != self._last_epoch
         self._last_epoch = event.epoch
-        count, seconds, _ = self._window
+        count, seconds = self._window[0], self._window[1]
         full = count >= self.window_batches and seconds >= self.min_window_s
         # epochs too long to wait for are cut like a stream
         boundary = new_epoch or not self.by_epoch or seconds >= MAX_WARMUP_S / 4
         if full and boundary:
             self._rates.append(self._window[2] / seconds if seconds > 0 else 0.0)
-            self._window = [0, 0.0, 0]
+            self._waited = self._window[3] / seconds if seconds > 0 else 0.0
+            self._window = [0, 0.0, 0, 0.0]
             if self._agree() or self.seconds >= MAX_WARMUP_S:
                 self.settled = self._agree()
-                return False
-        self.batches += 1
-        self.seconds += batch_seconds(event)
+                # a consumer that waited emptied the queue: nothing is left ahead of it
+                self._flush = self.in_flight if self._waited < FED_WAIT else 0
+                if not self._flush:
+                    return False
+        self._count(event)
         self._window[0] += 1
         self._window[1] += batch_seconds(event)
         self._window[2] += event.size
+        self._window[3] += event.wait_s
         return True
+
+    def _count(self, event: BatchEvent) -> None:
+        self.batches += 1
+        self.seconds += batch_seconds(event)
 
     def _agree(self) -> bool:
         if len(self._rates) < 2:

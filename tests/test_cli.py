@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
+from PIL import Image
 
 from helpers import solid, write_jpeg
 from probe.steady import MAX_MEASURE_S
@@ -103,6 +104,20 @@ def test_data_make_writes_a_dataset(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "wrote 6 images in 3 classes" in result.stderr
     assert len(list((tmp_path / "new").glob("class_*/*.jpg"))) == 6
+
+
+def test_data_make_writes_images_of_the_size_asked_for(tmp_path: Path) -> None:
+    result = probe("data", "make", str(tmp_path / "new"), "--count", "2", "--classes", "1",
+                   "--width", "300-310", "--height", "200")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    for path in (tmp_path / "new").glob("class_*/*.jpg"):
+        with Image.open(path) as image:
+            assert 300 <= image.size[0] <= 310 and image.size[1] == 200
+    assert_one_line_error(
+        probe("data", "make", str(tmp_path / "bad"), "--width", "wide", "--height", "200"),
+        "--width takes pixels as A-B or A, like 1600-2000 (got 'wide')",
+    )
+    assert not (tmp_path / "bad").exists()
 
 
 @pytest.mark.parametrize(

@@ -29,14 +29,22 @@ from probe.judge.diagnosis import diagnose_run, judge_run
 from probe.judge.facts import HostLoad, LaneFacts
 from probe.judge.knee import SweepPoint, analyze_sweep, ladder, past_the_peak
 from probe.judge.results import (
+    CoresFreed,
     DaliRun,
     EpochsRun,
+    InTurn,
     Session,
     SessionKind,
     Skipped,
     Verification,
 )
-from probe.judge.session import POINT_GUESS_S, Budget, check_budget, with_change
+from probe.judge.session import (
+    MIN_POINT_BATCHES,
+    POINT_GUESS_S,
+    Budget,
+    check_budget,
+    with_change,
+)
 from probe.judge.thresholds import Severity
 from probe.judge.verdicts import Verdict, VerdictKind, judge_lane
 from probe.measure.config import ProbeConfig, plan_lanes
@@ -44,6 +52,7 @@ from probe.measure.consumers import parse_consumer
 from probe.measure.runner import run_probe
 from probe.metrics import EpochStartCost, LaneFigures
 from probe.records import RunStatus
+from probe.steady import MIN_MEASURE_S
 from probe.store.db import Store
 
 STARVED_LANE = LaneFacts(
@@ -273,9 +282,12 @@ def test_a_doctor_session_is_its_document_and_back() -> None:
         run_ids=("r1", "r2", "r3", "r4", "r5"), precision=0.03, startup_s=3.0,
         consumer_alone={"images_per_s": 4000.0}, consumer_note=None, lanes=1,
         devices=("cpu",), verdict=verdict, verdict_run_id="r1", recommendations=(top,),
-        dali=DaliRun("cpu", 2, 700.0, 9.0, "r3", 0.4, advice="DALI measured 700 ± 9"),
+        dali=DaliRun("cpu", 2, 700.0, 9.0, "r3", 0.4, advice="DALI measured 700 ± 9",
+                     cpu_pct=190.0, freed=CoresFreed("num_workers=2", 2.0, 1.9, 2.0)),
         epochs=EpochsRun(1, 12, True, 500.0, None, "r4", 460.0, 8.0, 0.08, start),
-        verify=Verification(workers(2), 980.0, 12.0, 990.0, 11.0, True, False, "r5"),
+        verify=Verification(workers(2), 980.0, 12.0, 890.0, 11.0, False, False, "r5",
+                            (InTurn("num_workers=1", 900.0, 10.0, "r6"),
+                             InTurn("num_workers=2", 985.0, 12.0, "r7")), "it stays"),
     )  # fmt: skip
     document = json.loads(json.dumps(session.to_json()))
     assert list(document) == [
@@ -292,8 +304,9 @@ def test_a_doctor_session_is_its_document_and_back() -> None:
     ]  # fmt: skip
     assert list(document["dali"]) == [
         "images_per_s", "images_per_s_error", "setting", "run_id", "data_wait_frac",
-        "host_busy", "reason", "advice",
+        "host_busy", "reason", "cpu_pct", "freed", "advice",
     ]  # fmt: skip
+    assert document["dali"]["freed"]["freed"] == pytest.approx(0.1)
     assert document["dali"]["setting"] == "DALI decoder=cpu num_threads=2"
     assert list(document["epochs"]) == [
         "setting", "batches_per_epoch", "persistent_workers", "run_id", "images_per_s",
@@ -302,7 +315,7 @@ def test_a_doctor_session_is_its_document_and_back() -> None:
     assert list(document["verify"]) == [
         "setting", "predicted_images_per_s", "predicted_images_per_s_error",
         "measured_images_per_s", "measured_images_per_s_error", "error_frac", "agrees",
-        "host_busy", "run_id",
+        "host_busy", "run_id", "in_turn", "outcome",
     ]  # fmt: skip
     assert document["verify"]["setting"] == "num_workers=2"
     again = Session.from_json(document)
@@ -362,15 +375,21 @@ def test_epoch_starts_get_their_fixes_each_predicted() -> None:
     assert all(1500.0 < rate <= 2000.0 for rate in rates)
 
 
-def test_the_budget_drops_points_it_cannot_fit_and_refuses_too_little() -> None:
-    budget = Budget(60.0)
-    assert budget.point_cost() == POINT_GUESS_S  # before any point was timed
-    assert budget.fits(reserve=2)
-    budget.ran(20.0)
-    budget.ran(30.0)
-    assert budget.point_cost() == 25.0  # the median of those timed
+def test_the_budget_shares_what_is_left_and_drops_points_it_cannot_fit() -> None:
+    budget = Budget(60.0, time.monotonic())  # no lanes' start left to pay
+    assert budget.point_cost() == POINT_GUESS_S + MIN_MEASURE_S  # before any point was timed
+    budget.ran(20.0, 12.0, 40)  # 8 s besides its measuring, 0.3 s a batch
+    budget.ran(30.0, 18.0, 40)  # 12 s besides, 0.45 s a batch
+    assert budget.overhead() == 10.0  # the median of those timed
+    assert budget.least_measure() == pytest.approx(MIN_POINT_BATCHES * 0.375)
+    assert budget.typical_cost() == 10.0 + 15.0  # and the median measuring
     assert budget.fits(reserve=1)
-    assert not budget.fits(reserve=2)  # three points of 25 s do not fit in 60
+    assert not budget.fits(reserve=2)  # the least point and two typical ones exceed 60 s
+    assert budget.share(later=1) == pytest.approx(60.0 / 2 - 10.0, abs=0.1)
+    assert budget.share(later=9) == budget.least_measure()  # never less than that
+    assert budget.needed(reserve=2) == 70  # what was spent, the least and two typical points
+    slow = Budget(60.0, time.monotonic(), startup_s=20.0)  # the lanes' start still to pay
+    assert slow.remaining() == pytest.approx(40.0, abs=0.1)
     config = ProbeConfig(
         backend=Backend.TORCH, spec=PipelineSpec(Path(".")), lanes=plan_lanes(None, 1),
         consumer=parse_consumer("sleep:30"),
@@ -378,7 +397,7 @@ def test_the_budget_drops_points_it_cannot_fit_and_refuses_too_little() -> None:
     check_budget(15.0, 1, config, "a diagnosis")
     with pytest.raises(InputError, match="cannot fit one trustworthy point") as caught:
         check_budget(5.0, 1, config, "a diagnosis")
-    assert "give --budget 11 or more" in str(caught.value)
+    assert "give --budget 14 or more" in str(caught.value)
 
 
 @pytest.fixture(scope="module")
@@ -447,7 +466,7 @@ def test_sweep_finds_a_knee_and_show_has_the_diagnosis(tmp_path: Path, photos: P
     assert shown["diagnosis"]["verdict"]["kind"] == VerdictKind.PIPELINE_ONLY.value
 
 
-@pytest.mark.parametrize(("command", "least"), [("doctor", 11), ("sweep", 16)])
+@pytest.mark.parametrize(("command", "least"), [("doctor", 14), ("sweep", 22)])
 def test_a_budget_too_small_for_one_trustworthy_point_is_refused(
     tmp_path: Path, photos: Path, command: str, least: int
 ) -> None:

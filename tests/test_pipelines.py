@@ -3,6 +3,7 @@ files per shard, labels from the folders, augmentation applied, bad files named 
 
 from __future__ import annotations
 
+import itertools
 import random
 import shutil
 import sys
@@ -110,6 +111,22 @@ def test_unshuffled_order_is_the_sorted_one(coded_dataset: Path) -> None:
     for backend in BACKENDS:
         with build_pipeline(spec, backend) as pipeline:
             assert decode_codes(all_images(epoch(pipeline)), MEAN, STD) == list(range(37))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_stream_keeps_every_batch_full_across_the_end_of_a_pass(
+    coded_dataset: Path, backend: Backend
+) -> None:
+    """Read as a stream, a batch that crosses the end of the shard holds its last images and
+    the first of the next pass, as a long job's reader gives them: no short batch, no short
+    step."""
+    spec = make_spec(coded_dataset, shuffle=False, batch_size=8)
+    with build_pipeline(spec, backend) as pipeline:
+        batches = list(itertools.islice(pipeline.stream(), 10))  # 80 images: two passes of 37
+        starts = len(pipeline.starts)
+    assert [b.images.shape[0] for b in batches] == [8] * 10
+    assert decode_codes(all_images(batches), MEAN, STD) == [i % 37 for i in range(80)]
+    assert starts == 1  # one start of reading, no epoch end
 
 
 @pytest.mark.parametrize("output_dtype", ["uint8", "float32"])

@@ -87,6 +87,36 @@ def test_bad_parameters(count: int, classes: int, message: str) -> None:
         SampleParams(count=count, classes=classes)
 
 
+def test_images_of_a_chosen_size(tmp_path: Path) -> None:
+    """A camera's resolution, to mimic a data set's: each image's width and height drawn from
+    the ranges asked for; the built-in sample's images stay as they were."""
+    params = SampleParams(count=6, classes=2, seed=2, width=(700, 760), height=(500, 520))
+    summary = make_sample_dataset(tmp_path / "big", params, processes=1)
+    for path in discover(tmp_path / "big").files:
+        with Image.open(path) as image:
+            width, height = image.size
+        assert 700 <= width <= 760 and 500 <= height <= 520
+    manifest = json.loads((tmp_path / "big" / "feedscope-sample.json").read_text())
+    assert manifest["width"] == [700, 760] and manifest["height"] == [500, 520]
+    assert summary.mean_kb > 100  # about twice the built-in images' pixels
+    assert render_image(5, 3, 3, 4) != render_image(5, 3, 3, 4, ((700, 760), (500, 520)))
+
+
+@pytest.mark.parametrize(
+    ("width", "height", "message"),
+    [
+        ((700, 760), None, "give both a width and a height range"),
+        ((760, 700), (500, 520), "width must be a range of pixels within 16..8192, its low end"),
+        ((700, 760), (8, 520), "height must be a range"),
+    ],
+)
+def test_bad_image_sizes(
+    width: tuple[int, int] | None, height: tuple[int, int] | None, message: str
+) -> None:
+    with pytest.raises(InputError, match=message):
+        SampleParams(count=2, classes=1, width=width, height=height)
+
+
 def test_default_dataset_is_made_once_in_the_cache(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -1,39 +1,61 @@
 """The doctor: the whole diagnosis in one session on lanes kept warm.
 
-It measures your setting first, and predicts from that run the DataLoader's images/s against
-num_workers (`probe.judge.model`); it measures the knee the curve predicts and one setting beside
-it. Where a term of the curve was not measured, it searches the workers from your setting
-instead (up while more help, down while fewer do as well). It reads your setting epoch by
-epoch where a shard is short enough for epoch starts to matter, runs DALI, diagnoses your
-setting, ranks the changes by the throughput they were measured to give, and verifies the
-first one by running it again. Every decision uses the points' errors: past the peak, the knee,
-whether DALI is worth it, whether a verification agrees.
+It measures your setting first, then what is most likely to gain, by what that run shows: where
+the loader starves with the CPU saturated, DALI next (more workers cannot add CPU); otherwise the
+DataLoader's workers first, around the knee its run's curve predicts (`probe.judge.model`), or,
+where a term of the curve was not measured, a search from yours (up where the CPU has room, down
+where yours feeds the consumer). Each point gets its share of the budget left
+(`probe.judge.session`): a slow pipeline gets longer points, not a refusal. It reads your setting
+epoch by epoch where a shard is short enough for epoch starts to matter, diagnoses your setting,
+weighs DALI against the DataLoader's answer as measured (the cores DALI frees count), and
+verifies the first recommendation by running it again. A verification that disagrees beyond the
+errors and the drift decides: yours and the candidate are measured in turn on the same lanes,
+and the answer follows those runs, or keeps yours and says why. Every decision uses the points'
+errors.
 """
 
 from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
 from pipelines import Backend, BackendUnavailable, check_backend
-from probe.judge.changes import Recommendation
+from probe.judge.changes import Change, Knob, Recommendation, workers
 from probe.judge.diagnosis import diagnose_run
 from probe.judge.epochs import epoch_fixes
-from probe.judge.evidence import Evidence, measured
+from probe.judge.evidence import Evidence, gpu_sharing, gpu_sharing_evidence, measured
 from probe.judge.facts import run_facts
 from probe.judge.knee import SweepAnalysis, SweepPoint, analyze_sweep, past_the_peak
 from probe.judge.model import Curve, run_curve
-from probe.judge.recommend import dali_advice, dali_worth_it, recommend_measured
-from probe.judge.results import DaliRun, EpochsRun, Session, SessionKind, Verification
+from probe.judge.recommend import (
+    dali_advice,
+    dali_recommendation,
+    dali_worth_it,
+    recommend_measured,
+)
+from probe.judge.results import (
+    NOT_VERIFIED,
+    CoresFreed,
+    DaliRun,
+    EpochsRun,
+    InTurn,
+    Session,
+    SessionKind,
+    Verification,
+)
 from probe.judge.session import (
     Budget,
     OnEvent,
     Points,
     WarmSession,
+    budget_short,
     check_budget,
+    few_blocks,
     point_of,
+    startup_guess,
     with_change,
     with_setting,
 )
@@ -45,7 +67,7 @@ from probe.measure.lane import Read
 from probe.measure.runner import Lanes
 from probe.metrics import CPU, IMAGES_PER_S, MEMORY, NVJPG
 from probe.records import RunStatus
-from probe.steady import Estimate, above, at_least, margin
+from probe.steady import Estimate, above, at_least, margin, pooled
 from probe.store.db import Store
 from probe.store.documents import read_run
 
@@ -56,6 +78,10 @@ EPOCHS_POINTS = 3  # reading whole epochs, each opening on its stall, costs abou
 REFINE_KNEE = 2  # halvings of the gap below the knee the doctor may measure
 PREDICTED_POINTS = 3  # DataLoader settings measured around a predicted knee, yours included
 NEIGHBOUR_STEP = 0.25  # the setting beside the predicted knee: a quarter of it away
+IN_TURN = 4  # runs of yours and the candidate, in turn, where a verification disagrees
+# Where yours starves with the CPU saturated, DALI (decoding on the GPU, or on DALI's threads)
+# is what may gain: it is measured before any worker.
+DALI_FIRST = frozenset({VerdictKind.STARVED_CPU_SATURATED})
 
 
 def run_doctor(
@@ -70,9 +96,9 @@ def run_doctor(
     on_event: OnEvent = lambda kind, payload: None,
     started: float | None = None,
 ) -> Session:
-    """The whole diagnosis: your setting, the worker search, DALI, the epoch reading, the
-    verdict, the recommendations, the verification. Stores the session and returns it (its
-    document: `Session.to_json`).
+    """The whole diagnosis: your setting, then DALI or the worker search (in order of the gain
+    they may bring), the epoch reading, the verdict, the recommendations, the verification.
+    Stores the session and returns it (its document: `Session.to_json`).
 
     Args:
         base: the probe (consumer, lanes, pipeline options, reading) every run shares.
@@ -89,56 +115,66 @@ def run_doctor(
     base = replace(base, read=Read.STREAM)  # the epoch reading is a point of its own
     checked = check_config(base)
     dali_reason = _dali_unavailable()
-    budget = Budget(budget_s, started)
+    budget = Budget(budget_s, started, startup_guess(base))
     stop = stop or threading.Event()
     grid = sorted(set(workers) | {baseline_workers})
-    reserve = 0 if dali_reason else 1  # DALI comes after the search (a verification if it fits)
     with Lanes(base.lanes, base.consumer, checked.num_classes, stop) as lanes:
         session = WarmSession(store, "doctor", stop, on_event, lanes, checked, budget)
         points = Points(session, base, "num_workers")
         heading: dict[str, Any] = {
             "kind": SessionKind.DOCTOR, "session_id": session.session_id,
             "created": session.created, "consumer": str(base.consumer), "budget_s": budget_s,
+            "precision": base.precision, "consumer_note": model_note(base.consumer),
+            "lanes": len(base.lanes),
+            "devices": tuple(
+                "cpu" if p.device is None else f"cuda:{p.device.index}" for p in base.lanes
+            ),
         }  # fmt: skip
-        baseline = points.measure(baseline_workers, reserve=0)
-        if baseline is None:  # nothing to answer on: said, and kept with what it measured
-            why = points.skipped[-1].reason if points.skipped else "it was not measured"
-            unanswered = Session(
-                **heading,
-                status=RunStatus.INTERRUPTED if stop.is_set() else RunStatus.FAILED,
-                reason=f"your setting, num_workers={baseline_workers}, was not measured: {why}",
-                elapsed_s=budget.elapsed(),
-                skipped=tuple(points.skipped),
-                run_ids=tuple(session.run_ids),
-            )
-            session.save(unanswered)
-            return unanswered
+        # planned after yours: DALI or the search, and the verification
+        baseline = points.measure(baseline_workers, later=2, reserve=0)
+        if baseline is None:  # nothing judged on: answered from its run where it measured
+            result = _unanswered(session, points, baseline_workers, heading)
+            session.save(result)
+            return result
         assert baseline.run_id is not None
         curve = run_curve(store, baseline.run_id)
-        if curve is None:  # a term was not measured: the ladder, measured
+        first = diagnose_run(store, baseline.run_id).verdict
+        cores = run_facts(store, baseline.run_id)[0].host_cpus
+        dali: DaliRun | None = None
+        if dali_reason is None and first.reliable and first.kind in DALI_FIRST:
+            dali = _dali_point(session, base, dali_threads, dali_reason)
+        reserve = (1 if dali is None and dali_reason is None else 0) + 1  # DALI, verification
+        ahead = dali is not None and _weigh_dali(store, dali, baseline, baseline.estimate,
+                                                 first, cores)[1]  # fmt: skip
+        if ahead:  # the budget goes to checking DALI: no number of workers changes the answer
+            points.skip(
+                [v for v in grid if v != baseline.setting],
+                "DALI measured worth the migration against yours: the workers were not searched",
+            )
+        elif curve is None:  # a term was not measured: the ladder, measured
             _search(points, grid, baseline, reserve)
         else:
             _search_predicted(points, curve, baseline, reserve)
+        # DataLoader points before DALI's where it comes after them: their workers then fork
+        # from a process DALI's threads have not run in yet
+        if dali is None:
+            dali = _dali_point(session, base, dali_threads, dali_reason)
         analysis = analyze_sweep(list(points.measured.values()), "num_workers")
-        # DataLoader points before DALI's: its workers then fork from a process DALI's threads
-        # have not run in yet (all but a verification of num_workers)
-        epochs = _epochs_point(session, base, baseline, checked, reserve)
-        dali = _dali_point(session, base, dali_threads, dali_reason)
         verdict = _baseline_verdict(store, baseline, analysis, points)
+        recommendations, dali = _answer(store, analysis, baseline, verdict, dali, curve, cores)
+        verify, recommendations, dali = _verify(
+            session, base, recommendations, baseline, verdict, dali, cores
+        )
+        # what is left of the budget reads your setting epoch by epoch: what its starts cost
+        epochs = _epochs_point(session, base, baseline, checked)
         if verdict.reliable:
-            dali = replace(dali, advice=dali_advice(analysis, dali, verdict))
-            trade = dali_trade(store, analysis.best, dali) if dali_worth_it(analysis, dali) else []
-            recommendations = recommend_measured(analysis, baseline, verdict, dali, trade, curve)
-            recommendations += _epoch_recommendations(store, epochs, baseline)
-        else:
-            recommendations = recommend_measured(analysis, baseline, verdict)
-        verify = _verify(session, base, recommendations)
-    if verify is not None:
-        measured_rate = verify.measured_images_per_s
-        recommendations[0] = replace(recommendations[0], measured_images_per_s=measured_rate)
+            fixes = _epoch_recommendations(store, epochs, baseline)
+            recommendations = _one_each([*recommendations, *fixes])
     status, reason = points.status()
     if verify is None and status is RunStatus.COMPLETED and verdict.reliable:
-        reason = "partial: the budget ran out before the verification"
+        why = budget_short(budget) if not budget.fits() else "it is no change a session can run"
+        earlier = [] if reason is None else [reason.removeprefix("partial: ")]
+        reason = "partial: " + "; ".join([*earlier, f"{NOT_VERIFIED}: {why}"])
     result = Session(
         **heading,
         status=status,
@@ -150,12 +186,8 @@ def run_doctor(
         oversubscribed=tuple(p.setting for p in analysis.oversubscribed),
         skipped=tuple(points.skipped),
         run_ids=tuple(session.run_ids),
-        precision=base.precision,
         startup_s=session.startup_s,
         consumer_alone=session.consumer_alone(),
-        consumer_note=model_note(base.consumer),
-        lanes=len(base.lanes),
-        devices=tuple("cpu" if p.device is None else f"cuda:{p.device.index}" for p in base.lanes),
         verdict=verdict,
         verdict_run_id=baseline.run_id,
         recommendations=tuple(recommendations),
@@ -166,6 +198,40 @@ def run_doctor(
     )
     session.save(result)
     return result
+
+
+def _unanswered(
+    session: WarmSession, points: Points, setting: int, heading: dict[str, Any]
+) -> Session:
+    """The session where your setting was not judged on: answered from its run alone where
+    that measured batches (its verdict, and its own recommendations, estimated), else failed
+    or interrupted, with why."""
+    why = points.skipped[-1].reason if points.skipped else "it was not measured"
+    reason = f"your setting, num_workers={setting}, was not measured: {why}"
+    common: dict[str, Any] = {
+        **heading,
+        "elapsed_s": session.budget.elapsed(),
+        "skipped": tuple(points.skipped),
+        "run_ids": tuple(session.run_ids),
+        "startup_s": session.startup_s,
+        "consumer_alone": session.consumer_alone(),
+    }
+    run_id = session.run_ids[-1] if session.run_ids else None
+    if run_id is not None and not session.stop.is_set():
+        document = read_run(session.store, run_id)
+        if any(lane.figures.batches for lane in document.lanes):
+            diagnosis = diagnose_run(session.store, run_id)
+            return Session(
+                **common,
+                status=RunStatus.COMPLETED,
+                reason=f"partial: your setting, num_workers={setting}, {why}; the answer rests "
+                "on its run alone",
+                verdict=diagnosis.verdict,
+                verdict_run_id=run_id,
+                recommendations=diagnosis.recommendations,
+            )
+    status = RunStatus.INTERRUPTED if session.stop.is_set() else RunStatus.FAILED
+    return Session(**common, status=status, reason=reason)
 
 
 def _dali_unavailable() -> str | None:
@@ -258,14 +324,15 @@ def _search_predicted(points: Points, curve: Curve, baseline: SweepPoint, reserv
 def _dali_point(
     session: WarmSession, base: ProbeConfig, threads: int, reason: str | None
 ) -> DaliRun:
-    """DALI on the same lanes: the decoder asked for, else mixed on a GPU and cpu without."""
+    """DALI on the same lanes (the decoder asked for, else mixed on a GPU and cpu without), for
+    its share of the budget with the verification after it."""
     decoder = base.lane_spec(base.lanes[0]).dali_decoder.value
     empty = DaliRun(decoder, threads)
     if reason is not None:
         return replace(empty, reason=reason)
     if not session.budget.fits():
-        return replace(empty, reason="the budget ran out before DALI ran")
-    document = session.measure(with_setting(base, "num_threads", threads))
+        return replace(empty, reason=budget_short(session.budget))
+    document = session.measure(with_setting(base, "num_threads", threads), later=1)
     if document is None:
         return replace(empty, reason="interrupted before DALI ran")
     if document.status != RunStatus.COMPLETED.value:
@@ -278,15 +345,17 @@ def _dali_point(
         run_id=point.run_id,
         data_wait_frac=point.data_wait_frac,
         host_busy=point.host_busy,
-        reason=None if point.estimate.judged else "too few batches to judge",
+        cpu_pct=point.cpu_pct,
+        reason=None if point.estimate.judged else few_blocks(point, session.budget),
     )
 
 
 def _epochs_point(
-    session: WarmSession, base: ProbeConfig, baseline: SweepPoint, checked: Checked, reserve: int
+    session: WarmSession, base: ProbeConfig, baseline: SweepPoint, checked: Checked
 ) -> EpochsRun:
     """Your setting read epoch by epoch, where a shard is short enough for its epoch starts
-    to matter: what they cost against the same setting read as a stream."""
+    to matter and the budget left fits it: what they cost against the same setting read as a
+    stream."""
     images = min(checked.shard_images.values())
     batch = base.spec.batch_size
     per_epoch = math.ceil(images / batch)
@@ -306,8 +375,8 @@ def _epochs_point(
             reason=f"{per_epoch} batches per epoch: a refill of {refill} batches would cost "
             f"under {EPOCHS_WORTH_MEASURING:.1%} of an epoch",
         )
-    if not session.budget.fits(reserve + EPOCHS_POINTS):
-        return replace(out, reason="the budget cannot fit it besides DALI and the verification")
+    if not session.budget.fits(EPOCHS_POINTS - 1):  # whole epochs, each opening on its stall
+        return replace(out, reason=budget_short(session.budget, EPOCHS_POINTS - 1))
     config = with_setting(base, "num_workers", baseline.setting)
     config = replace(config, read=Read.EPOCHS, label=f"num_workers={baseline.setting}, epochs")
     document = session.measure(config)
@@ -391,20 +460,13 @@ def _epoch_recommendations(
     return epoch_fixes(run_facts(store, epochs.run_id), stream, basis)
 
 
-def dali_trade(store: Store, best: SweepPoint, dali: DaliRun) -> list[str]:
-    """What moving to DALI frees (CPU) and costs (GPU memory, GPU time), as measured."""
-    assert best.run_id is not None and dali.run_id is not None
-    torch_run, dali_run = read_run(store, best.run_id), read_run(store, dali.run_id)
+def dali_trade(store: Store, reference: SweepPoint, dali: DaliRun) -> list[str]:
+    """What moving to DALI costs, as measured against the DataLoader's `reference` point: GPU
+    memory and GPU time, and a step it slows on the GPU (the CPU it frees is `CoresFreed`'s).
+    """
+    assert reference.run_id is not None and dali.run_id is not None
+    torch_run, dali_run = read_run(store, reference.run_id), read_run(store, dali.run_id)
     notes = []
-    torch_cpu = (torch_run.cpu_pct or 0.0) * CPU.scale
-    dali_cpu = (dali_run.cpu_pct or 0.0) * CPU.scale
-    if torch_cpu or dali_cpu:
-        freed = torch_cpu - dali_cpu
-        verb = f"frees {freed:.1f} CPU cores" if freed >= 0 else f"uses {-freed:.1f} more CPU cores"
-        notes.append(
-            f"{verb}: the DataLoader at num_workers={best.setting} used {torch_cpu:.1f}, DALI "
-            f"{dali_cpu:.1f}"
-        )
     torch_memory = MEMORY.of_run(lane.figures.memory_used_mib for lane in torch_run.lanes)
     dali_memory = MEMORY.of_run(lane.figures.memory_used_mib for lane in dali_run.lanes)
     if torch_memory is not None and dali_memory is not None:
@@ -425,36 +487,330 @@ def dali_trade(store: Store, best: SweepPoint, dali: DaliRun) -> list[str]:
         busy.append(f"{measured(lane.busy, lane.sm_active_pct)}{against}")
     if busy:
         notes.append("costs GPU time: decoding runs on the GPU (" + "; ".join(busy) + ")")
+    shared = [f for f in run_facts(store, dali.run_id) if gpu_sharing(f) is not None]
+    if shared:  # the step pays for DALI's kernels on its GPU: not a matter of DALI's threads
+        notes.append(
+            f"slows the step on the GPU: {gpu_sharing_evidence(shared[0])[0].text}; DALI's "
+            "cpu decoder leaves the SMs to the model"
+        )
     return notes
 
 
-def _verify(
-    session: WarmSession, base: ProbeConfig, recommendations: list[Recommendation]
-) -> Verification | None:
-    """Runs the first recommendation again: what it predicted, what it measures, and whether
-    the two agree within their errors and the drift between runs."""
-    if not recommendations or session.stop.is_set():
+def _answer(
+    store: Store,
+    analysis: SweepAnalysis,
+    baseline: SweepPoint,
+    verdict: Verdict,
+    dali: DaliRun,
+    curve: Curve | None,
+    cores: float,
+) -> tuple[list[Recommendation], DaliRun]:
+    """The recommendations, ranked: the DataLoader's answer (the knee, or yours), DALI before
+    it where it is worth a migration against that answer's point, what takes epoch starts'
+    stalls away; one recommendation a setting. DALI comes back with its weighing."""
+    answer = recommend_measured(analysis, baseline, verdict, curve if verdict.reliable else None)
+    if not verdict.reliable:
+        return answer, dali
+    point = _point_of(analysis, answer[0].change) or baseline
+    dali, worth = _weigh_dali(store, dali, point, point.estimate, verdict, cores)
+    if worth:
+        notes = [dali.freed.text] if dali.freed is not None else []
+        answer.insert(0, dali_recommendation(dali, [*notes, *dali_trade(store, point, dali)]))
+    return _one_each(answer), dali
+
+
+def _point_of(analysis: SweepAnalysis, change: Change) -> SweepPoint | None:
+    """The measured point of a change of num_workers (None: another change)."""
+    if change.knob is not Knob.NUM_WORKERS:
         return None
+    return next((p for p in analysis.points if p.setting == change.value), None)
+
+
+def _weigh_dali(
+    store: Store,
+    dali: DaliRun,
+    point: SweepPoint,
+    reference: Estimate,
+    verdict: Verdict,
+    cores: float,
+) -> tuple[DaliRun, bool]:
+    """DALI weighed against the DataLoader's `point` as measured (`reference`: its run, or its
+    runs pooled once verified): whether it is worth a migration, the cores it frees, and where
+    it is not worth it, by how much it falls short."""
+    if not dali.judged or point.cpu_pct is None or dali.cpu_pct is None:
+        return dali, False
+    freed = CoresFreed(
+        workers(point.setting).setting, point.cpu_pct * CPU.scale, dali.cpu_pct * CPU.scale, cores
+    )
+    worth = dali_worth_it(reference, dali, freed)
+    advice = dali_advice(reference, freed.setting, dali, verdict, freed)
+    return replace(dali, freed=freed, advice=advice), worth
+
+
+def _one_each(recommendations: Sequence[Recommendation]) -> list[Recommendation]:
+    """The recommendations with one for each setting: the first, best ranked, of those that
+    name it (a setting has one prediction)."""
+    seen: set[str] = set()
+    out = []
+    for item in recommendations:
+        if item.setting not in seen:
+            seen.add(item.setting)
+            out.append(item)
+    return out
+
+
+def _verify(
+    session: WarmSession,
+    base: ProbeConfig,
+    recommendations: list[Recommendation],
+    baseline: SweepPoint,
+    verdict: Verdict,
+    dali: DaliRun,
+    cores: float,
+) -> tuple[Verification | None, list[Recommendation], DaliRun]:
+    """Runs the first recommendation again: what it predicted against what it measures. Where
+    the two disagree beyond their errors and the drift, that decides: a change that even its
+    worse run bears out against yours stays, predicted at its runs' mean; one it does not is
+    measured in turn with yours, and stays the answer only if those runs bear it out; your own
+    setting, measured apart by more than that twice, is predicted at its runs' mean, and DALI
+    is weighed against that again."""
+    if not recommendations or session.stop.is_set() or not verdict.reliable:
+        return None, recommendations, dali
     top = recommendations[0]
     predicted = top.predicted_images_per_s
-    if predicted is None or not session.budget.fits():
-        return None
     config = with_change(base, top.change)
-    if config is None:  # nothing a session can run: epochs, samplers, storage
-        return None
-    document = session.measure(replace(config, label=f"verify {top.setting}"))
+    if predicted is None or config is None or not session.budget.fits():
+        return None, recommendations, dali  # nothing a session can run: epochs, storage
+    # its share leaves room for yours and the change in turn, should it disagree
+    document = session.measure(replace(config, label=f"verify {top.setting}"), later=2)
     if document is None or document.status != RunStatus.COMPLETED.value:
-        return None
+        return None, recommendations, dali
     point = point_of(session.store, document, 0)
     was = Estimate(predicted, top.predicted_error, point.blocks)
-    allowed = margin(point.estimate, 1.0, was, drift=True)
-    return Verification(
+    agrees = abs(point.images_per_s - predicted) <= margin(point.estimate, 1.0, was, drift=True)
+    verification = Verification(
         change=top.change,
         predicted_images_per_s=predicted,
         predicted_images_per_s_error=top.predicted_error,
         measured_images_per_s=point.images_per_s,
         measured_images_per_s_error=point.images_per_s_error,
-        agrees=abs(point.images_per_s - predicted) <= allowed,
+        agrees=agrees,
         host_busy=point.host_busy,
         run_id=document.run_id,
+    )
+    if agrees:
+        recommendations[0] = replace(top, measured_images_per_s=point.images_per_s)
+        return verification, recommendations, dali
+    return _disagreed(session, base, verification, point, recommendations, baseline, verdict,
+                      dali, cores)  # fmt: skip
+
+
+def _disagreed(
+    session: WarmSession,
+    base: ProbeConfig,
+    verification: Verification,
+    point: SweepPoint,
+    recommendations: list[Recommendation],
+    baseline: SweepPoint,
+    verdict: Verdict,
+    dali: DaliRun,
+    cores: float,
+) -> tuple[Verification, list[Recommendation], DaliRun]:
+    """What a verification that disagrees with its prediction decides (`_verify`)."""
+    top = recommendations[0]
+    predicted = verification.predicted_images_per_s
+    if top.change == workers(baseline.setting):
+        return _yours_twice(session, verification, point, recommendations, baseline, verdict,
+                            dali, cores)  # fmt: skip
+    first = Estimate(predicted, top.predicted_error, point.blocks)
+    worse = min(first, point.estimate, key=lambda e: e.value)
+    if _bears_out(top.change, baseline.estimate, worse, baseline.setting, dali, cores):
+        both = pooled([first, point.estimate])
+        spread = abs(first.value - point.images_per_s) / 2  # the runs differ: so may the next
+        outcome = (
+            f"{_refuted(top, verification)}; even its lower run bears it out against yours "
+            f"({IMAGES_PER_S.text(baseline.images_per_s, baseline.images_per_s_error)}): it "
+            "stays the answer, predicted at its runs' mean"
+        )
+        stays = replace(
+            top,
+            predicted_images_per_s=both.value,
+            predicted_error=math.hypot(both.error or 0.0, spread),
+            measured_images_per_s=point.images_per_s,
+            notes=(*top.notes, outcome),
+        )
+        out = [stays, *recommendations[1:]]
+        return replace(verification, outcome=outcome), out, dali
+    return _in_turn(session, base, verification, recommendations, baseline, dali, cores)
+
+
+def _yours_twice(
+    session: WarmSession,
+    verification: Verification,
+    again: SweepPoint,
+    recommendations: list[Recommendation],
+    baseline: SweepPoint,
+    verdict: Verdict,
+    dali: DaliRun,
+    cores: float,
+) -> tuple[Verification, list[Recommendation], DaliRun]:
+    """Your setting ("no change") measured apart, beyond the errors and the drift, by its
+    verification: the machine's rate moved between them. The answer keeps it, predicted at the
+    two runs' mean, and DALI is weighed against that again."""
+    both = pooled([baseline.estimate, again.estimate])
+    moved = again.images_per_s / baseline.images_per_s - 1
+    outcome = (
+        f"your setting measured {IMAGES_PER_S.text(baseline.images_per_s)} and then "
+        f"{IMAGES_PER_S.text(again.images_per_s)} ({moved:+.0%}): more than their errors and "
+        f"the drift between runs; it is predicted at their mean, "
+        f"{IMAGES_PER_S.text(both.value, both.error)}"
+    )
+    top = replace(
+        recommendations[0],
+        predicted_images_per_s=both.value,
+        predicted_error=both.error,
+        measured_images_per_s=again.images_per_s,
+        notes=(*recommendations[0].notes, outcome),
+    )
+    out = [top, *recommendations[1:]]
+    dali, worth = _weigh_dali(session.store, dali, baseline, both, verdict, cores)
+    if worth and dali.change.setting not in {r.setting for r in out}:
+        notes = [dali.freed.text] if dali.freed is not None else []
+        out.insert(0, dali_recommendation(dali, notes))
+        outcome += "; against that, DALI is worth the migration (measured once, not verified)"
+    return replace(verification, outcome=outcome), _one_each(out), dali
+
+
+def _in_turn(
+    session: WarmSession,
+    base: ProbeConfig,
+    verification: Verification,
+    recommendations: list[Recommendation],
+    baseline: SweepPoint,
+    dali: DaliRun,
+    cores: float,
+) -> tuple[Verification, list[Recommendation], DaliRun]:
+    """A change its verification disagreed with, measured in turn with yours on the same warm
+    lanes (yours, the change, yours, the change, as the budget allows): it stays the answer,
+    predicted at its runs' mean, only where those runs bear it out against yours; else the
+    answer keeps yours, and says why."""
+    top = recommendations[0]
+    yours = workers(baseline.setting)
+    turns = [(yours, with_setting(base, "num_workers", baseline.setting)),
+             (top.change, with_change(base, top.change))] * (IN_TURN // 2)  # fmt: skip
+    runs: list[InTurn] = []
+    # runs in turn as long as half the shorter of yours and the verification, or none
+    least = min(_measured_s(session.store, r) for r in (baseline.run_id, verification.run_id)) / 2
+    for position, (change, config) in enumerate(turns):
+        # the turns left share the budget, or, where that is too short, this pair alone
+        fitting = (n for n in (len(turns) - position - 1, 1 - position % 2)
+                   if session.budget.share(n) >= least)  # fmt: skip
+        later = next(fitting, None)
+        if session.stop.is_set() or config is None or later is None or not session.budget.fits():
+            break
+        label = f"in turn: {'yours, ' if change == yours else ''}{change.setting}"
+        document = session.measure(replace(config, label=label), later=later)
+        if document is None or document.status != RunStatus.COMPLETED.value:
+            break
+        point = point_of(session.store, document, 0)
+        runs.append(
+            InTurn(change.setting, point.images_per_s, point.images_per_s_error, document.run_id)
+        )
+    mine = [Estimate(r.images_per_s, r.images_per_s_error, 0) for r in runs if r.setting ==
+            yours.setting]  # fmt: skip
+    theirs = [Estimate(r.images_per_s, r.images_per_s_error, 0) for r in runs
+              if r.setting == top.setting]  # fmt: skip
+    refuted = _refuted(top, verification)
+    if not mine or not theirs:
+        needed = session.budget.needed(1)
+        outcome = (
+            f"{refuted}; the budget could not measure it in turn with yours (--budget {needed} "
+            f"would): the answer keeps yours"
+        )
+        keep = _keep_yours(baseline, baseline.estimate, outcome, None)
+        return (*_without(verification, runs, outcome, keep, recommendations), dali)
+    a, b = pooled(mine), pooled(theirs)
+    if _bears_out(top.change, a, b, baseline.setting, dali, cores):
+        outcome = (
+            f"{refuted}; measured in turn with yours, it gave {IMAGES_PER_S.text(b.value, b.error)}"
+            f" against {IMAGES_PER_S.text(a.value, a.error)}: it stays the answer, predicted at "
+            "its runs' mean"
+        )
+        stays = replace(
+            top,
+            predicted_images_per_s=b.value,
+            predicted_error=b.error,
+            measured_images_per_s=theirs[-1].value,
+            basis=f"measured in turn with yours ({len(runs)} runs)",
+            notes=(*top.notes, outcome),
+        )
+        out = _one_each([stays, *recommendations[1:]])
+        return replace(verification, in_turn=tuple(runs), outcome=outcome), out, dali
+    outcome = (
+        f"{refuted}; measured in turn with yours, it gave {IMAGES_PER_S.text(b.value, b.error)} "
+        f"against {IMAGES_PER_S.text(a.value, a.error)} for yours: the answer keeps yours"
+    )
+    keep = _keep_yours(baseline, a, outcome, mine[-1].value)
+    return (*_without(verification, runs, outcome, keep, recommendations), dali)
+
+
+def _measured_s(store: Store, run_id: str | None) -> float:
+    """A run's measured seconds (its slowest lane's)."""
+    if run_id is None:
+        return 0.0
+    return max((lane.figures.seconds for lane in read_run(store, run_id).lanes), default=0.0)
+
+
+def _refuted(top: Recommendation, verification: Verification) -> str:
+    """What a verification that disagrees says."""
+    return (
+        f"{top.setting} was predicted at {IMAGES_PER_S.text(top.predicted_images_per_s)} and "
+        f"verified at {IMAGES_PER_S.text(verification.measured_images_per_s)} "
+        f"({verification.error_frac or 0.0:+.0%}), beyond their errors and the drift"
+    )
+
+
+def _bears_out(
+    change: Change, yours: Estimate, theirs: Estimate, setting: int, dali: DaliRun, cores: float
+) -> bool:
+    """Whether runs of a change, measured in turn with yours, bear it out: fewer workers as fast
+    within KNEE_WITHIN, more workers faster, DALI worth a migration (their errors and the drift
+    between runs allowed for)."""
+    if change.knob is Knob.NUM_WORKERS and isinstance(change.value, int):
+        if change.value < setting:
+            return at_least(theirs, 1 - KNEE_WITHIN, yours)
+        return above(theirs, 1.0, yours)
+    if change.knob is Knob.PIPELINE:
+        measured_dali = replace(dali, images_per_s=theirs.value, images_per_s_error=theirs.error)
+        return dali_worth_it(yours, measured_dali, dali.freed)
+    return False
+
+
+def _keep_yours(
+    baseline: SweepPoint, rate: Estimate, outcome: str, measured_rate: float | None
+) -> Recommendation:
+    return Recommendation(
+        f"no change: keep num_workers={baseline.setting}",
+        workers(baseline.setting),
+        rate.value,
+        f"measured: your setting, run {baseline.run_id}"
+        + (", and in turn with the change its verification refuted" if measured_rate else ""),
+        measured_images_per_s=measured_rate,
+        notes=(outcome,),
+        predicted_error=rate.error,
+    )
+
+
+def _without(
+    verification: Verification,
+    runs: list[InTurn],
+    outcome: str,
+    keep: Recommendation,
+    recommendations: list[Recommendation],
+) -> tuple[Verification, list[Recommendation]]:
+    """The answer once a change is refuted: yours first, the change gone."""
+    rest = [r for r in recommendations[1:] if r.setting != verification.change.setting]
+    return (
+        replace(verification, in_turn=tuple(runs), outcome=outcome),
+        _one_each([keep, *rest]),
     )

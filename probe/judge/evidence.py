@@ -9,6 +9,7 @@ from typing import Any
 
 from probe.judge.facts import LaneFacts
 from probe.judge.thresholds import (
+    CPU_SATURATED_PCT,
     DATALOADER_THREADS,
     STEAL_MOVES_PCT,
     STEP_CPU_SHARE,
@@ -313,9 +314,34 @@ def step_slowdown(facts: LaneFacts) -> float | None:
     """How much slower the median step was under the loader's load than the consumer alone
     (0.3: 30% slower), where that is more than both medians' errors and STEP_SLOWED, and the
     step asks for CPU (a step that does not, a sleep, wakes later on a busy host, but the
-    loader does not take its work's CPU); else None."""
-    if not step_works_on_cpu(facts):
+    loader does not take its work's CPU); else None. Not where DALI decodes on the same GPU
+    with CPU to spare: that slowdown is `gpu_sharing`'s."""
+    if not step_works_on_cpu(facts) or gpu_sharing(facts) is not None:
         return None
+    return _slower_step(facts)
+
+
+def gpu_sharing(facts: LaneFacts) -> float | None:
+    """How much slower the median step was with DALI's `mixed` decoder on the training GPU
+    than the consumer alone, where the CPU has room: DALI's kernels (nvJPEG, resize,
+    normalize) take SMs from the model. Any step on a GPU pays it, a model's or a `sleep:MS`
+    kernel's, whatever CPU it asks for. None where the lane does not decode on its GPU, the
+    CPU is saturated (then the CPU may explain it), or the step is not significantly slower."""
+    if facts.backend != "dali" or facts.decoder != "mixed" or not facts.on_gpu:
+        return None
+    # The CPU is ruled out where neither the host nor the lane's cores are saturated: DALI's
+    # threads may all be busy then (DALI_THREADS_SATURATED), yet they leave the step its cores.
+    if facts.cpu_saturated:
+        return None
+    # No `step_works_on_cpu` here: on a GPU, `sleep:MS` is `_GpuBusy`, matrix products that
+    # fill the SMs for MS (probe/measure/consumers.py), so DALI's kernels delay it as they do a
+    # model's; only on the CPU is it a sleep, and there nothing decodes on a GPU.
+    return _slower_step(facts)
+
+
+def _slower_step(facts: LaneFacts) -> float | None:
+    """How much slower the median step was than the consumer alone's, where that is more than
+    both medians' errors and STEP_SLOWED; else None."""
     alone = facts.figures.consumer_alone or {}
     alone_ms, loaded_ms = alone.get("step_ms_p50"), facts.figures.step_ms_p50
     if not alone_ms or not loaded_ms:
@@ -327,6 +353,30 @@ def step_slowdown(facts: LaneFacts) -> float | None:
     if slower <= sum(float(e) for e in errors if e is not None) or slower < STEP_SLOWED * alone_ms:
         return None
     return float(slower / alone_ms)
+
+
+def gpu_sharing_evidence(facts: LaneFacts) -> list[Evidence]:
+    """The step with DALI decoding on its GPU against the step alone, the GPU's busy-ness and
+    the host's CPU, which rules the CPU out."""
+    slowed = gpu_sharing(facts)
+    if slowed is None:
+        return []
+    alone = facts.figures.consumer_alone or {}
+    figures = facts.figures
+    host = (
+        ""
+        if facts.host.cpu_pct is None
+        else f", while the host's CPU was {facts.host.cpu_pct:.0f}% busy (saturated from "
+        f"{CPU_SATURATED_PCT:.0f}%)"
+    )
+    text = (
+        f"the step took {STEP.text(figures.step_ms_p50, figures.step_ms_p50_error)} with DALI "
+        f"decoding on the same GPU against "
+        f"{STEP.text(alone['step_ms_p50'], alone.get('step_ms_p50_error'))} alone "
+        f"({slowed:+.0%}){host}: DALI's kernels take SMs from the model, so training runs at "
+        f"{1 / (1 + slowed):.0%} of the consumer's speed"
+    )
+    return [Evidence("step_slowdown", slowed, text), *gpu_evidence(facts)]
 
 
 def slowdown_evidence(facts: LaneFacts) -> list[Evidence]:

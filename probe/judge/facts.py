@@ -54,6 +54,7 @@ class LaneFacts:
     persistent_workers: bool | None = None
     num_threads: int | None = None  # DALI
     decoder: str | None = None
+    hw_decoder_load: float | None = None  # DALI mixed: the share of JPEGs to the hardware
     host: HostLoad = field(default_factory=HostLoad)
     step_ms_mean: float | None = None  # the measured batches' mean step
     cpu_limits: CpuLimits | None = None  # what the host allows (None: not recorded)
@@ -183,6 +184,7 @@ def lane_facts(store: Store, run: RunRecord, lane: LaneRecord) -> LaneFacts:
         persistent_workers=loader.get("persistent_workers") if torch_lane else None,
         num_threads=None if torch_lane else dali.get("num_threads"),
         decoder=None if torch_lane else _dali_decoder(dali, lane),
+        hw_decoder_load=None if torch_lane else dali.get("hw_decoder_load"),
         host=host,
         step_ms_mean=stats["step_mean_s"] * 1e3 if stats["n"] else None,
         cpu_limits=CpuLimits.from_json(machine["cpu_limits"])

@@ -18,15 +18,21 @@ from probe.judge.changes import (
     to_dali,
     workers,
 )
-from probe.judge.epochs import epoch_fixes
+from probe.judge.epochs import epoch_fixes, read_by_epoch
 from probe.judge.facts import LaneFacts
 from probe.judge.knee import SweepAnalysis, SweepPoint
 from probe.judge.model import Curve, curve_of
-from probe.judge.results import DaliRun
-from probe.judge.thresholds import DALI_WORTH_IT, KNEE_WITHIN
+from probe.judge.results import CoresFreed, DaliRun
+from probe.judge.thresholds import (
+    DALI_FREES_WORTH_IT,
+    DALI_WORTH_IT,
+    HW_DECODER_STEP,
+    KNEE_WITHIN,
+    NVJPG_SATURATED_PCT,
+)
 from probe.judge.verdicts import STARVED, Verdict, VerdictKind, rank
-from probe.metrics import IMAGES_PER_S
-from probe.steady import MIN_BLOCKS, Estimate, above
+from probe.metrics import IMAGES_PER_S, NVJPG
+from probe.steady import MIN_BLOCKS, Estimate, above, margin
 
 
 def recommend(
@@ -42,9 +48,10 @@ def recommend(
         return [_measure_again()]
     out: list[Recommendation] = []
     if verdict.kind is VerdictKind.FED:
+        dali = "" if lane.backend == "dali" else ", and DALI would not help"
         out.append(
             Recommendation(
-                "compute-bound: the pipeline keeps up, and DALI would not help",
+                f"compute-bound: the pipeline keeps up{dali}",
                 NO_CHANGE,
                 sum(f.figures.images_per_s for f in facts),
                 "measured in this run",
@@ -55,10 +62,7 @@ def recommend(
             out += _measured_workers(lane, sweep, len(facts))
         else:
             out.append(_predicted_workers(lane, len(facts)) or _estimated_workers(lane))
-    if verdict.kind is VerdictKind.DALI_THREADS_SATURATED:
-        out += _more_threads(lane)
-    if verdict.kind is VerdictKind.NOISY_NEIGHBOUR:
-        out += _free_the_step(lane, len(facts))
+    out += _slowed_steps(facts, lane, verdict, findings)
     if any(v.kind is VerdictKind.EPOCH_START_STALL for v in [*verdicts, *findings]):
         out += epoch_fixes(facts)
     if verdict.kind in STARVED - {VerdictKind.IO_BOUND, VerdictKind.EPOCH_START_STALL} and (
@@ -106,14 +110,17 @@ def _estimated_workers(lane: LaneFacts) -> Recommendation:
     the consumer and at most the cores per lane. Throughput flattens, and may fall, before the
     cores run out: said, with what measures it."""
     workers_now = max(lane.num_workers or 1, 1)
-    per_worker = lane.figures.images_per_s / workers_now
-    wanted = lane.consumer_images_per_s or lane.figures.images_per_s * 2
+    rate, start = lane.figures.images_per_s, lane.figures.epoch_start
+    if start is not None and start.starts and start.steady_images_per_s:
+        rate = start.steady_images_per_s  # between epoch starts: `read_by_epoch` adds them
+    per_worker = rate / workers_now
+    wanted = lane.consumer_images_per_s or rate * 2
     needed = math.ceil(wanted / per_worker) if per_worker > 0 else workers_now * 2
     target = int(min(max(needed, workers_now + 1), lane.cores_per_lane))
     predicted = per_worker * target
     if lane.consumer_images_per_s is not None:
         predicted = min(predicted, lane.consumer_images_per_s)
-    return Recommendation(
+    advice = Recommendation(
         f"raise num_workers from {workers_now} to {target}",
         workers(target),
         predicted,
@@ -122,6 +129,7 @@ def _estimated_workers(lane: LaneFacts) -> Recommendation:
         "consumer)); workers stop adding long before that bound on many hosts: `probe sweep` "
         "measures the knee",
     )
+    return read_by_epoch(advice, lane)
 
 
 def _predicted_workers(lane: LaneFacts, lanes: int) -> Recommendation | None:
@@ -135,13 +143,14 @@ def _predicted_workers(lane: LaneFacts, lanes: int) -> Recommendation | None:
     if knee == workers_now:
         return None
     verb = "raise" if knee > workers_now else "lower"
-    return Recommendation(
+    advice = Recommendation(
         f"{verb} num_workers from {workers_now} to {knee}",
         workers(knee),
         curve.images_per_s(knee),
         f"predicted by the model from this run, not measured (bound by the "
         f"{curve.bound(knee)} there): {curve.text}; `probe doctor` measures it",
     )
+    return read_by_epoch(advice, lane, lanes)
 
 
 def _free_the_step(lane: LaneFacts, lanes: int) -> list[Recommendation]:
@@ -181,19 +190,76 @@ def _measured_workers(lane: LaneFacts, sweep: SweepAnalysis, lanes: int) -> list
     predicted, error = point.images_per_s, point.images_per_s_error
     if consumer is not None and consumer * lanes < predicted:
         predicted, error = consumer * lanes, None
-    return [
+    advice = Recommendation(
+        f"raise num_workers from {workers_now} to {point.setting}",
+        workers(point.setting),
+        predicted,
+        f"measured in a sweep: num_workers={point.setting} gave "
+        f"{IMAGES_PER_S.text(point.images_per_s, point.images_per_s_error)}"
+        f"{f' (run {point.run_id})' if point.run_id else ''}, the best "
+        f"{IMAGES_PER_S.text(sweep.best.images_per_s)} at num_workers={sweep.best.setting}; "
+        "at most the consumer's own rate",
+        predicted_error=error,
+    )
+    return [read_by_epoch(advice, lane, lanes)]
+
+
+def _slowed_steps(
+    facts: Sequence[LaneFacts], lane: LaneFacts, verdict: Verdict, findings: Sequence[Verdict]
+) -> list[Recommendation]:
+    """DALI's threads where they are all busy; and for a step slower than alone, what frees it:
+    of the loader's CPU (the noisy neighbour), or of DALI's kernels on its GPU, where more
+    threads cannot help."""
+    found = {(v.kind, v.lane) for v in findings}
+    on_gpu = [f for f in facts if (VerdictKind.GPU_SHARED, f.lane) in found]
+    neighbours = [f for f in facts if (VerdictKind.NOISY_NEIGHBOUR, f.lane) in found]
+    out = []
+    # Threads all busy with the step slowed on the GPU: more threads only push more JPEGs to
+    # nvJPEG on the SMs, slowing the step further.
+    if verdict.kind is VerdictKind.DALI_THREADS_SATURATED and (
+        (VerdictKind.GPU_SHARED, lane.lane) not in found
+    ):
+        out += _more_threads(lane)
+    if neighbours:
+        out += _free_the_step(neighbours[0], len(facts))
+    if on_gpu:
+        out += _off_the_sms(on_gpu[0], len(facts))
+    return out
+
+
+def _off_the_sms(lane: LaneFacts, lanes: int) -> list[Recommendation]:
+    """Where DALI's `mixed` decoder slows the step on its GPU: decode on DALI's CPU threads
+    instead (at best the consumer alone's rate), or, where the hardware JPEG decoder has room,
+    send it more of the JPEGs and nvJPEG on the SMs fewer."""
+    alone = lane.consumer_images_per_s
+    busy_cpu = lane.host.cpu_pct
+    room = "" if busy_cpu is None else f" (the host's CPU was {busy_cpu:.0f}% busy)"
+    out = [
         Recommendation(
-            f"raise num_workers from {workers_now} to {point.setting}",
-            workers(point.setting),
-            predicted,
-            f"measured in a sweep: num_workers={point.setting} gave "
-            f"{IMAGES_PER_S.text(point.images_per_s, point.images_per_s_error)}"
-            f"{f' (run {point.run_id})' if point.run_id else ''}, the best "
-            f"{IMAGES_PER_S.text(sweep.best.images_per_s)} at num_workers={sweep.best.setting}; "
-            "at most the consumer's own rate",
-            predicted_error=error,
+            "decode on DALI's CPU threads (decoder cpu), leaving the SMs to the model: it frees "
+            "the GPU at the cost of CPU",
+            to_dali("cpu", lane.num_threads or 1),
+            None if alone is None else alone * lanes,
+            "estimated: at best the consumer alone's rate, if the CPU threads keep up; "
+            "`probe doctor --decoder cpu` measures it",
+            notes=(
+                f"where the CPU has room{room}, the DataLoader, decoding on the CPU, is the "
+                "alternative: the doctor measures it beside DALI",
+            ),
         )
     ]
+    busy, load = lane.figures.nvjpg_pct, lane.hw_decoder_load
+    if busy is not None and busy < NVJPG_SATURATED_PCT and load is not None and load < 1:
+        out.append(
+            Recommendation(
+                f"send more JPEGs to the hardware decoder ({NVJPG.text(busy)} busy) and fewer "
+                "to nvJPEG on the SMs",
+                Change(Knob.HW_DECODER_LOAD, round(min(1.0, load + HW_DECODER_STEP), 2)),
+                None,
+                "not predicted: the split between the decoders is not measured apart",
+            )
+        )
+    return out
 
 
 def _more_threads(lane: LaneFacts) -> list[Recommendation]:
@@ -254,49 +320,30 @@ def recommend_measured(
     analysis: SweepAnalysis,
     baseline: SweepPoint,
     verdict: Verdict,
-    dali: DaliRun | None = None,
-    dali_notes: Sequence[str] = (),
     curve: Curve | None = None,
 ) -> list[Recommendation]:
-    """A doctor's recommendations, from what its sweep of num_workers measured around your
-    setting (`baseline`): the knee, within KNEE_WITHIN of the best measured; and DALI where it
-    measured significantly more than DALI_WORTH_IT above the best DataLoader setting, with
-    `dali_notes` (what it frees and costs)."""
+    """A doctor's DataLoader answer, from what its sweep of num_workers measured around your
+    setting (`baseline`): the knee, within KNEE_WITHIN of the best measured (DALI's place
+    beside it is `dali_recommendation`'s)."""
     if not verdict.reliable:
         return [_measure_again(" while it measured, so which setting is best cannot be told")]
     knee = analysis.knee
-    out: list[Recommendation] = []
     if knee.setting == baseline.setting:
         action = "no change: num_workers is at the knee of the sweep"
         if verdict.kind is VerdictKind.FED:
             action = "no change: compute-bound; the DataLoader keeps up and DALI would not help"
-        out.append(_measured(action, baseline, curve))
-    elif knee.setting < baseline.setting:
+        return [_measured(action, baseline, curve)]
+    if knee.setting < baseline.setting:
         action = (
             f"lower num_workers from {baseline.setting} to {knee.setting}: as fast within "
             f"{KNEE_WITHIN:.0%} and its error, with fewer processes and less CPU"
         )
-        out.append(_measured(action, knee, curve))
     else:
         action = (
             f"raise num_workers from {baseline.setting} to {knee.setting}: the smallest "
             f"setting within {KNEE_WITHIN:.0%} of the best measured"
         )
-        out.append(_measured(action, knee, curve))
-    if dali is not None and dali_worth_it(analysis, dali):
-        assert dali.images_per_s is not None  # judged
-        out.insert(
-            0,
-            Recommendation(
-                "move decoding and augmentation to DALI",
-                dali.change,
-                dali.images_per_s,
-                f"measured in the DALI run {dali.run_id}",
-                notes=tuple(dali_notes),
-                predicted_error=dali.images_per_s_error,
-            ),
-        )
-    return out
+    return [_measured(action, knee, curve)]
 
 
 def _measured(action: str, point: SweepPoint, curve: Curve | None = None) -> Recommendation:
@@ -316,31 +363,64 @@ def _measured(action: str, point: SweepPoint, curve: Curve | None = None) -> Rec
     )
 
 
-def dali_worth_it(analysis: SweepAnalysis, dali: DaliRun) -> bool:
-    """Whether DALI measured significantly more than DALI_WORTH_IT above the best DataLoader
-    setting (beyond both errors and the drift between runs)."""
+def dali_recommendation(dali: DaliRun, notes: Sequence[str] = ()) -> Recommendation:
+    """The migration to the DALI pipeline the doctor measured, predicted at what it measured,
+    with `notes` (what it frees and costs)."""
+    assert dali.images_per_s is not None  # measured
+    return Recommendation(
+        "move decoding and augmentation to DALI",
+        dali.change,
+        dali.images_per_s,
+        f"measured in the DALI run {dali.run_id}",
+        notes=tuple(notes),
+        predicted_error=dali.images_per_s_error,
+    )
+
+
+def dali_gain_needed(freed: CoresFreed | None) -> float:
+    """What DALI must gain over the DataLoader to be worth a migration: DALI_WORTH_IT, or
+    nothing beyond the errors where it frees DALI_FREES_WORTH_IT of the cores or more (those
+    cores are a gain of their own: other work, or more GPUs fed by the same host)."""
+    if freed is not None and freed.share >= DALI_FREES_WORTH_IT:
+        return 0.0
+    return DALI_WORTH_IT
+
+
+def dali_worth_it(reference: Estimate, dali: DaliRun, freed: CoresFreed | None = None) -> bool:
+    """Whether DALI measured significantly more than the DataLoader's `reference` (beyond both
+    errors and the drift between runs) by what it must gain (`dali_gain_needed`)."""
     if not dali.judged or dali.images_per_s is None:
         return False
     measured = Estimate(dali.images_per_s, dali.images_per_s_error, MIN_BLOCKS)
-    return above(measured, 1 + DALI_WORTH_IT, analysis.best.estimate)
+    return above(measured, 1 + dali_gain_needed(freed), reference)
 
 
-def dali_advice(analysis: SweepAnalysis, dali: DaliRun, verdict: Verdict) -> str | None:
-    """Why DALI is not recommended, where it was measured and does not help (None where it
-    was not measured, or is recommended)."""
-    if not dali.judged or dali.images_per_s is None or dali_worth_it(analysis, dali):
+def dali_advice(
+    reference: Estimate, setting: str, dali: DaliRun, verdict: Verdict, freed: CoresFreed | None
+) -> str | None:
+    """Why DALI is not recommended, and by how much it falls short, where it was measured and
+    does not help (None where it was not measured, or is recommended); `reference` is the
+    DataLoader's `setting` as measured (and verified)."""
+    if not dali.judged or dali.images_per_s is None or dali_worth_it(reference, dali, freed):
         return None
-    best = analysis.best
-    gain = dali.images_per_s / best.images_per_s - 1 if best.images_per_s > 0 else 0.0
+    measured = Estimate(dali.images_per_s, dali.images_per_s_error, MIN_BLOCKS)
+    gain = dali.images_per_s / reference.value - 1 if reference.value > 0 else 0.0
     shown = IMAGES_PER_S.cell(dali.images_per_s, dali.images_per_s_error)
+    versus = f"{gain:+.0%} on {setting} ({IMAGES_PER_S.cell(reference.value, reference.error)})"
+    frees = "" if freed is None else f"; it {freed.text}"
     if verdict.kind is VerdictKind.FED:
         return (
             f"DALI would not help: the DataLoader feeds the GPU (compute-bound); DALI measured "
-            f"{shown} images/s, {gain:+.0%} on num_workers={best.setting}"
+            f"{shown} images/s, {versus}{frees}"
         )
-    best_shown = IMAGES_PER_S.cell(best.images_per_s, best.images_per_s_error)
-    return (
-        f"DALI measured {shown} images/s, {gain:+.0%} on the best DataLoader setting "
-        f"(num_workers={best.setting}, {best_shown}): not significantly more than the "
-        f"{DALI_WORTH_IT:.0%} a migration should gain"
+    needed = dali_gain_needed(freed)
+    surely = (dali.images_per_s - margin(measured, 1.0, reference, drift=True)) / reference.value
+    why = (
+        f"a migration should gain {needed:.0%} where it frees under "
+        f"{DALI_FREES_WORTH_IT:.0%} of the cores, and it is surely at least {surely - 1:+.0%}: "
+        f"{(1 + needed - surely) * 100:.0f} points short"
+        if needed
+        else f"not faster beyond both errors and the drift between runs (surely at least "
+        f"{surely - 1:+.0%})"
     )
+    return f"DALI measured {shown} images/s, {versus}{frees}: {why}"

@@ -23,6 +23,7 @@ from probe.metrics import EpochStartCost
 from probe.records import RunStatus
 from probe.store.db import Store
 
+NOT_VERIFIED = "not verified"  # where a doctor's reason says why it did not verify
 SWEEP_SCHEMA = "feedscope.sweep/1"
 DOCTOR_SCHEMA = "feedscope.doctor/1"
 
@@ -41,6 +42,48 @@ class Skipped:
 
 
 @dataclass(frozen=True)
+class CoresFreed:
+    """What moving to DALI does to the CPU: the cores the DataLoader's `setting` used, DALI's,
+    and the cores the run may use."""
+
+    setting: str  # the DataLoader setting compared: "num_workers=16"
+    dataloader_cores: float
+    dali_cores: float
+    available_cores: float
+
+    @property
+    def freed(self) -> float:
+        return self.dataloader_cores - self.dali_cores
+
+    @property
+    def share(self) -> float:
+        """The cores freed, as a share of those the run may use."""
+        return self.freed / self.available_cores if self.available_cores > 0 else 0.0
+
+    @property
+    def text(self) -> str:
+        """ "frees 11.2 of 16 cores (the DataLoader at num_workers=16 used 15.2, DALI 4.0)"."""
+        verb = (
+            f"frees {self.freed:.1f} of {self.available_cores:g} cores"
+            if self.freed >= 0
+            else f"uses {-self.freed:.1f} more cores"
+        )
+        return (
+            f"{verb} (the DataLoader at {self.setting} used {self.dataloader_cores:.1f}, DALI "
+            f"{self.dali_cores:.1f})"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "freed": self.freed, "share": self.share}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> CoresFreed:
+        return cls(
+            data["setting"], data["dataloader_cores"], data["dali_cores"], data["available_cores"]
+        )
+
+
+@dataclass(frozen=True)
 class DaliRun:
     """The doctor's DALI run: its images/s, or why there is none; where DALI does not help,
     the advice that says so."""
@@ -54,6 +97,8 @@ class DaliRun:
     host_busy: bool = False
     reason: str | None = None  # why it has no images/s, or is not judged
     advice: str | None = None
+    cpu_pct: float | None = None  # its lanes' CPU, in % of one core
+    freed: CoresFreed | None = None  # against the DataLoader setting it was compared with
 
     @property
     def change(self) -> Change:
@@ -74,6 +119,8 @@ class DaliRun:
             "data_wait_frac": self.data_wait_frac,
             "host_busy": self.host_busy,
             "reason": self.reason,
+            "cpu_pct": self.cpu_pct,
+            "freed": None if self.freed is None else self.freed.to_json(),
         }
         return out if self.advice is None else {**out, "advice": self.advice}
 
@@ -91,6 +138,8 @@ class DaliRun:
             host_busy=bool(data.get("host_busy", False)),
             reason=data.get("reason"),
             advice=data.get("advice"),
+            cpu_pct=data.get("cpu_pct"),
+            freed=None if data.get("freed") is None else CoresFreed.from_json(data["freed"]),
         )
 
 
@@ -142,9 +191,30 @@ class EpochsRun:
 
 
 @dataclass(frozen=True)
+class InTurn:
+    """One run of yours or of a candidate, measured in turn with the other after a
+    verification disagreed."""
+
+    setting: str  # "num_workers=8", "DALI decoder=mixed num_threads=8"
+    images_per_s: float
+    images_per_s_error: float | None
+    run_id: str
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> InTurn:
+        return cls(
+            data["setting"], data["images_per_s"], data.get("images_per_s_error"), data["run_id"]
+        )
+
+
+@dataclass(frozen=True)
 class Verification:
     """The first recommendation run again: what it predicted, what it measured, and whether
-    the two agree within their errors and the drift between runs."""
+    the two agree within their errors and the drift between runs. Where they do not, yours
+    and the candidate measured in turn (`in_turn`), and what the answer became (`outcome`)."""
 
     change: Change
     predicted_images_per_s: float
@@ -154,6 +224,8 @@ class Verification:
     agrees: bool
     host_busy: bool
     run_id: str
+    in_turn: tuple[InTurn, ...] = ()
+    outcome: str | None = None  # where it disagreed: what the answer became, and why
 
     @property
     def error_frac(self) -> float | None:
@@ -171,6 +243,8 @@ class Verification:
             "agrees": self.agrees,
             "host_busy": self.host_busy,
             "run_id": self.run_id,
+            "in_turn": [item.to_json() for item in self.in_turn],
+            "outcome": self.outcome,
         }
 
     @classmethod
@@ -184,6 +258,8 @@ class Verification:
             agrees=bool(data.get("agrees", False)),  # older documents lack it
             host_busy=bool(data.get("host_busy", False)),
             run_id=data["run_id"],
+            in_turn=tuple(InTurn.from_json(item) for item in data.get("in_turn", ())),
+            outcome=data.get("outcome"),
         )
 
 
@@ -243,6 +319,14 @@ class Session:
                 for s in settings
             ],
         }
+
+    @property
+    def not_verified(self) -> str | None:
+        """Why a doctor did not verify its answer, as its reason says (None: not said)."""
+        for part in (self.reason or "").removeprefix("partial: ").split("; "):
+            if part.startswith(f"{NOT_VERIFIED}: "):
+                return part.removeprefix(f"{NOT_VERIFIED}: ")
+        return None
 
     @property
     def host_busy(self) -> list[int]:

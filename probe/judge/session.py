@@ -3,8 +3,11 @@ doctor share.
 
 A session starts its lanes once (`probe.measure.runner.Lanes`): each consumer is built, tuned and
 timed alone once, and each point after that rebuilds only the pipeline. A point is a stored run,
-measured until its images/s is known within the precision asked (or MAX_POINT_S). The budget
-drops the points it cannot fit at that quality, and says which, rather than measuring them less.
+measured until its images/s is known within the precision asked, or until it rests on enough
+blocks after ENOUGH_POINT_S, or until its share of the budget is spent: the budget left, split
+between it and the points still planned after it, so that a slow pipeline gets longer points
+(and fewer of them), never a refusal. A point the budget cannot fit at all is dropped, and the
+budget that would fit it is said.
 """
 
 from __future__ import annotations
@@ -28,11 +31,17 @@ from probe.measure.config import Checked, ProbeConfig
 from probe.measure.consumers import ConsumerKind
 from probe.measure.runner import Lanes
 from probe.records import RunStatus, SessionRecord
+from probe.steady import MIN_BLOCK_BATCHES, MIN_BLOCKS, MIN_MEASURE_S
 from probe.store.db import Store
 from probe.store.documents import RunDocument, read_run
 
-MAX_POINT_S = 20.0  # a point measures at most this long, precise or not
-POINT_GUESS_S = 5.0  # a point's cost (pipeline start, warm-up, measuring), until one is timed
+# A point measured until precise stops after this long once it rests on MIN_BLOCKS blocks of a
+# batch per worker, precise or not: the rest of the budget goes to other points.
+ENOUGH_POINT_S = 20.0
+POINT_GUESS_S = 5.0  # a point's overhead (pipeline start, warm-up, its end), until one is timed
+# the fewest batches a point is given: MIN_BLOCKS / 2 blocks of the smallest size (a point is
+# judged on fewer, MIN_JUDGED_BLOCKS, with its wide error, where the budget ran short)
+MIN_POINT_BATCHES = MIN_BLOCKS // 2 * MIN_BLOCK_BATCHES
 
 # What a session tells as it goes: ("start", {"label", "max_s"}) before a run, ("run",
 # RunDocument) after it, ("point", {"knob", and the SweepPoint's fields}) once it is judged.
@@ -51,42 +60,82 @@ def check_budget(budget_s: float, points: int, config: ProbeConfig, what: str) -
     """Raises InputError if `budget_s` cannot fit `points` trustworthy points, with the least
     that would."""
     startup = startup_guess(config)
-    least = startup + points * POINT_GUESS_S
+    least = startup + points * (POINT_GUESS_S + MIN_MEASURE_S)
     if not budget_s >= least:
         count = "one trustworthy point" if points == 1 else f"{points} trustworthy points"
-        precision = f"±{config.precision:.0%}" if config.precision else "its precision"
         raise InputError(
             f"--budget {budget_s:g} s cannot fit {count} for {what}: starting the lanes takes "
-            f"about {startup:.0f} s, and a point measured to {precision} about "
-            f"{POINT_GUESS_S:.0f} s; give --budget {math.ceil(least)} or more"
+            f"about {startup:.0f} s, and a point at least about "
+            f"{POINT_GUESS_S + MIN_MEASURE_S:.0f} s (its pipeline's start, its warm-up and "
+            f"{MIN_MEASURE_S:g} s measured); give --budget {math.ceil(least)} or more"
         )
 
 
 class Budget:
-    """A session's seconds: the lanes' start-up, then points, each costing its pipeline's start,
-    its warm-up and its measuring. A point that cannot fit is dropped, never shortened."""
+    """A session's seconds: the lanes' start-up, then points, each costing its overhead (its
+    pipeline's start, its warm-up, its end) and its measuring. A point gets its share of what is
+    left; one that cannot get the least a point is given is dropped."""
 
-    def __init__(self, total_s: float, started: float | None = None) -> None:
+    def __init__(self, total_s: float, started: float | None = None, startup_s: float = 0.0):
         self.total_s = total_s
         self.started = time.monotonic() if started is None else started
-        self.point_costs: list[float] = []
+        self.startup_left = startup_s  # the lanes' start, until the first point has paid it
+        self.overheads: list[float] = []
+        self.measured: list[float] = []  # each point's measuring, in seconds
+        self.batch_s: list[float] = []  # each point's seconds per batch
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
 
     def remaining(self) -> float:
-        return self.total_s - self.elapsed()
+        """What is left for points: the budget less what was spent and the lanes' start."""
+        return self.total_s - self.elapsed() - self.startup_left
+
+    def overhead(self) -> float:
+        """A point's cost besides its measuring: the median of those timed, or a guess."""
+        return statistics.median(self.overheads) if self.overheads else POINT_GUESS_S
+
+    def least_measure(self) -> float:
+        """The least measuring a point is given: MIN_POINT_BATCHES batches at the points' median
+        pace so far, and MIN_MEASURE_S."""
+        pace = statistics.median(self.batch_s) if self.batch_s else 0.0
+        return max(MIN_MEASURE_S, MIN_POINT_BATCHES * pace)
 
     def point_cost(self) -> float:
-        """What a point costs: the median of those timed so far, or a first guess."""
-        return statistics.median(self.point_costs) if self.point_costs else POINT_GUESS_S
+        """The least a point costs."""
+        return self.overhead() + self.least_measure()
+
+    def typical_cost(self) -> float:
+        """What a point has cost: its overhead and the median measuring so far (at least the
+        least a point costs)."""
+        measured = statistics.median(self.measured) if self.measured else 0.0
+        return self.overhead() + max(self.least_measure(), measured)
 
     def fits(self, reserve: int = 0) -> bool:
-        """Whether a point fits, with `reserve` more points' worth left over for later."""
-        return self.remaining() >= (1 + reserve) * self.point_cost()
+        """Whether a point fits, with `reserve` more points of the typical cost left over."""
+        return self.remaining() >= self.point_cost() + reserve * self.typical_cost()
 
-    def ran(self, seconds: float) -> None:
-        self.point_costs.append(seconds)
+    def share(self, later: int = 0) -> float:
+        """The measuring seconds a point may take: what is left, split evenly between it and
+        `later` more points, less its overhead (the last point's, the longest timed: nothing
+        after it absorbs a longer warm-up); at least the least a point is given."""
+        overhead = max(self.overheads, default=POINT_GUESS_S) if not later else self.overhead()
+        return max(self.least_measure(), self.remaining() / (1 + later) - overhead)
+
+    def needed(self, reserve: int = 0) -> int:
+        """The budget that would have fitted this point and `reserve` more: what was spent,
+        and what each costs (rounded up to 10 s)."""
+        spent = self.total_s - self.remaining()
+        least = spent + self.point_cost() + reserve * self.typical_cost()
+        return int(math.ceil(least / 10) * 10)
+
+    def ran(self, wall_s: float, measured_s: float, batches: int) -> None:
+        """Notes a point: its wall time (the lanes' start taken out) and what it measured."""
+        self.startup_left = 0.0
+        self.overheads.append(max(0.0, wall_s - measured_s))
+        self.measured.append(measured_s)
+        if batches:
+            self.batch_s.append(measured_s / batches)
 
 
 def with_setting(config: ProbeConfig, knob: str, value: int) -> ProbeConfig:
@@ -165,12 +214,13 @@ class WarmSession:
             )
         )
 
-    def measure(self, config: ProbeConfig) -> RunDocument | None:
-        """Measures one point on the warm lanes; its run (None: stopped before)."""
+    def measure(self, config: ProbeConfig, later: int = 0) -> RunDocument | None:
+        """Measures one point on the warm lanes, for its share of the budget with `later` more
+        points planned; its run (None: stopped before)."""
         if self.stop.is_set():
             return None
-        cap = min(MAX_POINT_S, max(1.0, self.budget.remaining()))
-        config = replace(config, batches=None, duration_s=None, max_s=cap)
+        cap = self.budget.share(later)
+        config = replace(config, batches=None, duration_s=None, max_s=cap, enough_s=ENOUGH_POINT_S)
         self.on_event("start", {"label": config.label, "max_s": cap})
         started = time.monotonic()
         run_id = self.lanes.measure(config, self.store, self.checked, session_id=self.session_id)
@@ -184,13 +234,36 @@ class WarmSession:
                 for lane in document.lanes
             )
             wall = max(0.0, wall - self.startup_s)
-        self.budget.ran(wall)
+        slowest = max(document.lanes, key=lambda lane: lane.figures.seconds, default=None)
+        figures = None if slowest is None else slowest.figures
+        self.budget.ran(
+            wall, figures.seconds if figures else 0.0, figures.batches if figures else 0
+        )
         self.on_event("run", document)
         return document
 
     def consumer_alone(self) -> dict[str, Any] | None:
         """The consumer alone (lane 0's), as the lanes measured it once."""
         return self.lanes.consumer_alone.get(min(self.lanes.plans), None)
+
+
+def budget_short(budget: Budget, later: int = 0) -> str:
+    """Why a point was not measured: the budget, and the budget that would have fitted it."""
+    return (
+        f"the budget cannot fit it (a point takes at least about {budget.point_cost():.0f} s "
+        f"here): --budget {budget.needed(later)} would"
+    )
+
+
+def few_blocks(point: SweepPoint, budget: Budget, later: int = 0) -> str:
+    """Why a measured point is not judged on: its figure and the few blocks it rests on."""
+    shown = f"{point.images_per_s:,.0f} images/s"
+    if point.images_per_s_error is not None:
+        shown = f"{point.images_per_s:,.0f} ± {point.images_per_s_error:,.0f} images/s"
+    return (
+        f"too few batches to judge ({shown} on {point.blocks} blocks): --budget "
+        f"{budget.needed(later)} would measure it longer"
+    )
 
 
 class Points:
@@ -211,17 +284,18 @@ class Points:
         """The settings measured or skipped."""
         return {item.setting for item in self.skipped} | set(self.measured)
 
-    def measure(self, value: int, reserve: int) -> SweepPoint | None:
-        """Measures the setting if the budget fits it with `reserve` points left over."""
+    def measure(self, value: int, later: int = 0, reserve: int | None = None) -> SweepPoint | None:
+        """Measures the setting for its share of the budget with `later` points planned after
+        it, if the budget fits it with `reserve` points (default: `later`) left over."""
         session = self.session
+        reserve = later if reserve is None else reserve
         if session.stop.is_set():
             self.skip([value], "interrupted")
             return None
         if not session.budget.fits(reserve):
-            precision = self.base.precision or 0.0
-            self.skip([value], f"the budget cannot fit it measured to ±{precision:.0%}")
+            self.skip([value], budget_short(session.budget, reserve))
             return None
-        document = session.measure(with_setting(self.base, self.knob, value))
+        document = session.measure(with_setting(self.base, self.knob, value), later)
         if document is None or document.status == RunStatus.INTERRUPTED.value:
             self.skip([value], "interrupted")
             return None
@@ -230,7 +304,7 @@ class Points:
             return None
         point = point_of(session.store, document, value)
         if not point.estimate.judged:
-            self.skip([value], f"too few batches to judge ({point.blocks} blocks)")
+            self.skip([value], few_blocks(point, session.budget, later))
             return None
         self.measured[value] = point
         session.on_event("point", {"knob": self.knob, **vars(point)})

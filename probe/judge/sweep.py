@@ -11,7 +11,15 @@ from pipelines import InputError
 from probe.judge.knee import analyze_sweep, past_the_peak
 from probe.judge.model import run_curve
 from probe.judge.results import Session, SessionKind
-from probe.judge.session import Budget, OnEvent, Points, WarmSession, check_budget, with_setting
+from probe.judge.session import (
+    Budget,
+    OnEvent,
+    Points,
+    WarmSession,
+    check_budget,
+    startup_guess,
+    with_setting,
+)
 from probe.measure.config import ProbeConfig, check_config
 from probe.measure.runner import Lanes
 from probe.store.db import Store
@@ -39,13 +47,13 @@ def run_sweep(
         raise InputError("a sweep needs at least two settings")
     check_budget(budget_s, 2, base, "a sweep")
     checked = check_config(with_setting(base, knob, values[0]))
-    budget = Budget(budget_s, started)
+    budget = Budget(budget_s, started, startup_guess(base))
     stop = stop or threading.Event()
     with Lanes(base.lanes, base.consumer, checked.num_classes, stop) as lanes:
         session = WarmSession(store, "sweep", stop, on_event, lanes, checked, budget)
         points = Points(session, base, knob)
         for position, value in enumerate(values):
-            points.measure(value, reserve=0)
+            points.measure(value, later=len(values) - position - 1, reserve=0)
             if stop.is_set():  # what follows was not reached: no verdict on it
                 points.skip(values[position + 1 :], "interrupted")
                 break

@@ -15,6 +15,8 @@ from probe.judge.evidence import (
     cpu_evidence,
     epoch_evidence,
     gpu_evidence,
+    gpu_sharing,
+    gpu_sharing_evidence,
     host_load_evidence,
     loader_threads,
     memory_evidence,
@@ -60,6 +62,7 @@ class VerdictKind(str, Enum):
     EPOCH_START_STALL = "epoch_start_stall"
     HOST_BUSY = "host_busy"
     NOISY_NEIGHBOUR = "noisy_neighbour"
+    GPU_SHARED = "gpu_shared"
     CORES_OVERSUBSCRIBED = "cores_oversubscribed"
     SHM_TOO_SMALL = "shm_too_small"
     WORKER_KILLED = "worker_killed"
@@ -106,6 +109,9 @@ TITLES = {
     VerdictKind.NOISY_NEIGHBOUR: (
         "the loader slows the training step: its CPU use costs throughput that data-wait "
         "does not show"
+    ),
+    VerdictKind.GPU_SHARED: (
+        "DALI's decoding shares the GPU with the training step: the step is slower than alone"
     ),
     VerdictKind.CORES_OVERSUBSCRIBED: "more busy threads than the cores the host allows",
     VerdictKind.SHM_TOO_SMALL: "/dev/shm is smaller than the workers' batches in flight",
@@ -291,13 +297,18 @@ def _host_findings(facts: LaneFacts) -> list[Verdict]:
     def finding(kind: VerdictKind, severity: Severity, evidence: list[Evidence]) -> None:
         out.append(Verdict(kind, severity, wait, tuple(evidence), facts.lane))
 
-    slowed = step_slowdown(facts)
-    if slowed is not None and facts.figures.batches:
-        lost = 1 - 1 / (1 + slowed)  # the share of the consumer's speed lost
-        severity = severity_of(lost)
+    slowdowns = (  # the step slower than alone: the loader's CPU, or DALI on the same GPU
+        (VerdictKind.NOISY_NEIGHBOUR, step_slowdown(facts),
+         [*slowdown_evidence(facts), *stage_evidence(facts), *cpu_evidence(facts)]),
+        (VerdictKind.GPU_SHARED, gpu_sharing(facts),
+         [*gpu_sharing_evidence(facts), *cpu_evidence(facts)]),
+    )  # fmt: skip
+    for kind, slowed, evidence in slowdowns:
+        if slowed is None or not facts.figures.batches:
+            continue
+        severity = severity_of(1 - 1 / (1 + slowed))  # the share of the consumer's speed lost
         if severity is not Severity.NONE:
-            why = [*slowdown_evidence(facts), *stage_evidence(facts), *cpu_evidence(facts)]
-            finding(VerdictKind.NOISY_NEIGHBOUR, severity, why)
+            finding(kind, severity, evidence)
     if (
         facts.backend == "torch"
         and facts.num_workers

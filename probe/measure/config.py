@@ -98,6 +98,9 @@ class ProbeConfig:
     duration_s: float | None = None  # measured seconds per lane
     precision: float | None = PRECISION  # else: until images/s is known within this share ...
     max_s: float = MAX_MEASURE_S  # ... or for this long
+    # ... or this long, once the figure rests on MIN_BLOCKS blocks of a batch per worker (a
+    # session's point: the rest of its budget goes to other points); None: no such stop
+    enough_s: float | None = None
     sample_hz: float = 10.0  # 0: no sampling
     label: str | None = None
     torchrun: bool = False  # one rank's lane of a run launched by torchrun
@@ -224,6 +227,7 @@ def config_dict(config: ProbeConfig, checked: Checked) -> dict[str, Any]:
         "duration_s": config.duration_s,
         "precision": config.precision if config.until_precise else None,
         "max_s": config.max_s,
+        "enough_s": config.enough_s,
         "sample_hz": config.sample_hz,
         "num_classes": checked.num_classes,
         "data_notes": list(checked.notes),

@@ -48,6 +48,27 @@ class LaneLive:
     reason: str | None = None
     recent: deque[BatchEvent] = field(default_factory=lambda: deque(maxlen=4096))
 
+    def got(self, events: list[BatchEvent]) -> None:
+        """The lane's latest batches."""
+        for event in events:
+            self.recent.append(event)
+            if event.warmup:
+                self.warmup_batches += 1
+            else:
+                self.batches += 1
+        if events and self.state not in ("precise",):
+            self.state = "warming up" if events[-1].warmup else "measuring"
+
+    def rewarm(self, events: list[BatchEvent]) -> None:
+        """Measured batches that were warm-up after all (`probe.steady.transient`)."""
+        self.batches -= len(events)
+        self.warmup_batches += len(events)
+        moved = {event.index for event in events}
+        self.recent = deque(
+            (replace(e, warmup=True) if e.index in moved else e for e in self.recent),
+            maxlen=self.recent.maxlen,
+        )
+
     def images_per_s(self, now_ns: int) -> float | None:
         events = self._window(now_ns)
         if len(events) < 2:
@@ -160,6 +181,7 @@ class Coordinator:
                 duration_s=self.config.duration_s,
                 precision=self.config.precision if self.config.until_precise else None,
                 max_s=self.config.max_s,
+                enough_s=self.config.enough_s,
                 batch_sizes=batch_sizes(self.config, images),
             )
         )
@@ -182,16 +204,9 @@ class Coordinator:
         if lane not in self.live or job not in (-1, self.job):
             return  # a lane of another run, or of an earlier one that was cut short
         live = self.live[lane]
-        if kind == "batches":
+        if kind in ("batches", "rewarm"):  # rewarm: written again, the store replaces them
             self.pending.extend(payload)
-            for event in payload:
-                live.recent.append(event)
-                if event.warmup:
-                    live.warmup_batches += 1
-                else:
-                    live.batches += 1
-            if payload and live.state not in ("precise",):
-                live.state = "warming up" if payload[-1].warmup else "measuring"
+            (live.got if kind == "batches" else live.rewarm)(payload)
         elif kind == "ready":  # from its spawning: the interpreter, torch, CUDA, the consumer
             self.lanes.ready(lane)
             live.state = "tuning the consumer"

@@ -11,6 +11,7 @@ sends the events to the coordinating process in small bundles; it does not touch
 
 from __future__ import annotations
 
+import math
 import os
 import queue
 import signal
@@ -38,9 +39,11 @@ from probe.steady import (
     batch_seconds,
     block_batches,
     images_per_s,
+    transient,
 )
 
 FLUSH_NS = 250_000_000  # events reach the coordinator at least this often
+TREND_CHECK_GROWTH = 1.5  # a window is tested for a trend each time it has grown by half
 CONSUMER_ALONE_MAX_S = 10.0
 # The consumer alone has no pipeline to settle (its tuning is done before): shorter windows.
 CONSUMER_WINDOW_S = 0.25
@@ -78,6 +81,7 @@ class Measure:
     duration_s: float | None  # measured seconds, after the warm-up
     precision: float | None  # say "precise" once images/s is known within this share
     max_s: float  # measuring until precise: at most this long
+    enough_s: float | None  # ... or this long, once on MIN_BLOCKS full blocks (None: no)
     batch_sizes: tuple[int, ...]  # the sizes of its batches: the consumer is tuned to each
 
 
@@ -85,6 +89,7 @@ class Measure:
 #   ("ready", lane, -1, {"pid": int, "gpu_uuid": str | None})
 #   ("consumer", lane, job, {"images_per_s", "images_per_s_error", "step_ms_p50", ...} | None)
 #   ("batches", lane, job, [BatchEvent, ...])
+#   ("rewarm", lane, job, [BatchEvent, ...])  measured ones that were warm-up after all (a trend)
 #   ("precise", lane, job, {})           images/s is known within the precision asked for
 #   ("ended", lane, job, {"stopped", "capped", "skipped_files", "build_s", "warmup_settled",
 #                         "starts": [[epoch, started_ns, ready_ns], ...],
@@ -160,12 +165,11 @@ def _measure(
         build_s = time.monotonic() - built
         batches = _read(pipeline, job.read)
         timer = BatchTimer(lane, device_sync(setup.device))
-        warmup = Warmup(job.warmup, loaders, by_epoch)
+        warmup = Warmup(job.warmup, loaders, by_epoch, in_flight=job.spec.in_flight(job.backend))
         pending: list[BatchEvent] = []
-        measured: list[BatchEvent] = []
+        window = Window(job, loaders)
         flushed_ns = time.monotonic_ns()
-        measured_s = 0.0
-        stopping = capped = precise = False
+        stopping = capped = False
         stages = StageTotals()
         while True:
             interrupted = stop_all.is_set() or os.getppid() != parent
@@ -175,6 +179,7 @@ def _measure(
             if batch is not None:
                 timer.got()
             epoch = len(pipeline.starts) - 1
+            measured = window.events
             whole = not by_epoch or not measured or epoch != measured[-1].epoch
             stopping = stopping or stop_run.is_set()
             if interrupted or capped or (stopping and whole):  # the time limit is kept
@@ -191,31 +196,83 @@ def _measure(
                     **stages.payload(),
                 }
             assert batch is not None
-            consumer.step(batch)
+            if not warmup.flushing:  # what the pipeline held ahead is taken, not stepped
+                consumer.step(batch)
             event = timer.done(int(batch.labels.shape[0]), epoch)
             if warmup.warming(event):
                 event = replace(event, warmup=True)
             else:
                 spent = time.process_time_ns() - cpu_asked[0], time.thread_time_ns() - cpu_asked[1]
                 stages.add(pipeline.last_stages, *spent, event.size)
-                measured.append(event)
-                measured_s += batch_seconds(event)
+                window.add(event)
             pending.append(event)
-            if measured:
-                done = (job.batches is not None and len(measured) >= job.batches) or (
-                    job.duration_s is not None and measured_s >= job.duration_s
-                )
-                # the cap bounds measuring until precise; a length the user fixed is kept
-                until_precise = job.precision is not None
-                capped = capped or (until_precise and not done and measured_s >= job.max_s)
+            if window.events:
+                done = window.done()
+                capped = capped or (not done and window.capped())
                 stopping = stopping or done or capped
             if timer.done_ns - flushed_ns >= FLUSH_NS:
                 messages.put(("batches", lane, job.job, pending))
                 pending, flushed_ns = [], timer.done_ns
-                if job.precision is not None and not precise:
-                    precise = _known_within(measured, loaders, job.precision)
-                    if precise:
-                        messages.put(("precise", lane, job.job, {}))
+                for kind, payload in window.check():
+                    if kind == "rewarm":  # the window restarts, on an empty queue
+                        warmup.flush()
+                    messages.put((kind, lane, job.job, payload))
+
+
+class Window:
+    """A lane's measured window: its batches, the seconds measured since warm-up ended (what
+    the caps bound), and its stop rules. Measuring until precise, the window is tested for a
+    trend at growing lengths; a first half that still belongs to the start is moved into the
+    warm-up (`probe.steady.transient`)."""
+
+    def __init__(self, job: Measure, loaders: int | None) -> None:
+        self.job, self.loaders = job, loaders
+        self.events: list[BatchEvent] = []
+        self.seconds = 0.0
+        self.precise = False
+        self._next_check = 0
+
+    def add(self, event: BatchEvent) -> None:
+        self.events.append(event)
+        self.seconds += batch_seconds(event)
+
+    def done(self) -> bool:
+        """Whether the length the user fixed is measured."""
+        job = self.job
+        return (job.batches is not None and len(self.events) >= job.batches) or (
+            job.duration_s is not None and self.seconds >= job.duration_s
+        )
+
+    def capped(self) -> bool:
+        """Whether measuring until precise reaches a cap: its longest (`max_s`), or `enough_s`
+        once the figure rests on MIN_BLOCKS blocks of a batch per worker."""
+        job = self.job
+        if job.precision is None:
+            return False
+        enough = (
+            job.enough_s is not None
+            and self.seconds >= job.enough_s
+            and len(self.events) >= MIN_BLOCKS * block_batches(self.loaders)
+        )
+        return self.seconds >= job.max_s or enough
+
+    def check(self) -> list[tuple[str, Any]]:
+        """Measuring until precise: moves a start still trending into the warm-up, and tells
+        when images/s is known within the precision; the messages that say so."""
+        job = self.job
+        out: list[tuple[str, Any]] = []
+        if job.precision is None or self.precise:
+            return []
+        if len(self.events) >= self._next_check:  # at growing lengths: rarely by chance
+            cut = transient(self.events, self.loaders)
+            if cut:  # written again as warm-up: the window opens after them
+                out.append(("rewarm", [replace(e, warmup=True) for e in self.events[:cut]]))
+                self.events = self.events[cut:]
+            self._next_check = math.ceil(TREND_CHECK_GROWTH * len(self.events))
+        self.precise = _known_within(self.events, self.loaders, job.precision)
+        if self.precise:
+            out.append(("precise", {}))
+        return out
 
 
 class StageTotals:

@@ -108,9 +108,28 @@ def data() -> None:
 @click.option(
     "--seed", default=DEFAULT_SAMPLE.seed, show_default=True, help="Same seed, same files."
 )
-def data_make(directory: Path, count: int, classes: int, seed: int) -> None:
-    """Write natural-looking JPEGs into DIRECTORY/class_XX/ (a new or empty folder)."""
-    params = SampleParams(count=count, classes=classes, seed=seed)
+@click.option(
+    "--width",
+    metavar="A-B",
+    default=None,
+    help="Each image's width in pixels, drawn from A to B (or exactly A); with --height.  "
+    "[default: the sample data's 300-640 px a side]",
+)
+@click.option("--height", metavar="A-B", default=None, help="Each image's height, as --width.")
+def data_make(
+    directory: Path, count: int, classes: int, seed: int, width: str | None, height: str | None
+) -> None:
+    """Write natural-looking JPEGs into DIRECTORY/class_XX/ (a new or empty folder).
+
+    Give --width and --height to mimic your data set's resolution, e.g. a camera's
+    --width 1600-2000 --height 1200-1500."""
+    params = SampleParams(
+        count=count,
+        classes=classes,
+        seed=seed,
+        width=_pixel_range(width, "--width"),
+        height=_pixel_range(height, "--height"),
+    )
     with console.progress() as bar:
         task = bar.add_task("writing JPEGs", total=count)
         summary = make_sample_dataset(directory, params, progress=lambda n: bar.advance(task, n))
@@ -118,6 +137,23 @@ def data_make(directory: Path, count: int, classes: int, seed: int) -> None:
         f"wrote {summary.count} images in {summary.classes} classes to {summary.root} "
         f"(mean {summary.mean_kb:.0f} KB)"
     )
+
+
+def _pixel_range(text: str | None, option: str) -> tuple[int, int] | None:
+    """`1600-2000` -> (1600, 2000); `640` -> (640, 640).
+
+    Raises:
+        InputError: anything else.
+    """
+    if text is None:
+        return None
+    low, _, high = text.strip().partition("-")
+    try:
+        return int(low), int(high or low)
+    except ValueError:
+        raise InputError(
+            f"{option} takes pixels as A-B or A, like 1600-2000 (got {text!r})"
+        ) from None
 
 
 @cli.command()

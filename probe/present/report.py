@@ -192,6 +192,9 @@ def markdown(report: Report) -> str:
         action = _md_prose(top.action)
         line = f"**Top recommendation**: `{_code(top.setting)}`: {action}"
         lines += [line + recommendation_rates(top), ""]
+    verify = None if report.session is None else report.session.verify
+    if verify is not None and verify.outcome:  # the check changed or kept the answer: say so
+        lines += [f"**Its verification**: {_md_prose(verify.outcome)}", ""]
     if report.session is not None and report.runs:
         lines += [*_md_table(brief_grid(report.runs)), ""]
         predicted = curve_lines(report.session)[:1]  # the knee it predicted; the terms: HTML

@@ -416,7 +416,7 @@ def doctor_notes(session: Session) -> list[str]:
     lines += epochs_lines(session.epochs)
     verify = session.verify
     if verify is None:
-        lines.append("not verified: the budget ran out, the run was stopped, or nothing to run")
+        lines.append(f"not verified{because(session.not_verified)}")
     elif verify.error_frac is not None:
         agrees = "within" if verify.agrees else "more than"
         if verify.host_busy:
@@ -432,6 +432,13 @@ def doctor_notes(session: Session) -> list[str]:
             f"({verify.error_frac:+.1%}: {agrees} their errors and the drift between runs; "
             f"run {verify.run_id})"
         )
+        lines += [
+            f"  in turn: {item.setting}: "
+            f"{IMAGES_PER_S.text(item.images_per_s, item.images_per_s_error)} (run {item.run_id})"
+            for item in verify.in_turn
+        ]
+        if verify.outcome:
+            lines.append(f"  so: {verify.outcome}")
     if session.startup_s:
         lines.append(
             f"the lanes started, with the consumer tuned and timed alone, in "

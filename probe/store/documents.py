@@ -36,7 +36,7 @@ from probe.metrics import (
     lane_figures,
 )
 from probe.records import LaneRecord, RunRecord
-from probe.steady import MAX_BLOCKS, block_batches, ratio
+from probe.steady import MAX_BLOCKS, block_batches, steady_ratio
 from probe.store.db import Store
 from probe.store.rollups import GPU, LANE_CPU, RESOLUTIONS_S, Totals, bin_width_us
 
@@ -232,9 +232,10 @@ def lane_figures_from_rollups(store: Store, run: RunRecord, lane: LaneRecord) ->
     if measured.first_ns is None or measured.end_ns is None:
         return counts
     window = (measured.first_ns, measured.end_ns)
-    blocks = _time_blocks(store, run.run_id, lane.lane, window, Reading.of(run).loaders)
-    rate = ratio([(images, seconds) for images, _, seconds in blocks])
-    wait = ratio([(waited, seconds) for _, waited, seconds in blocks])
+    size = block_batches(Reading.of(run).loaders, measured.batches)
+    blocks = _time_blocks(store, run.run_id, lane.lane, window, size)
+    rate = steady_ratio([(images, seconds) for images, _, seconds in blocks])
+    wait = steady_ratio([(waited, seconds) for _, waited, seconds in blocks])
     gpu = store.totals(GPU, run.run_id, lane.gpu_uuid, window, then=True) if lane.gpu_uuid else {}
     cpu = store.totals(LANE_CPU, run.run_id, lane.lane, window, then=True)
     sm_active, kernel_active = _mean(gpu, "sm_active_pct"), _mean(gpu, "kernel_active_pct")
@@ -277,13 +278,13 @@ def _mean(totals: Mapping[str, Totals], name: str) -> float | None:
 
 
 def _time_blocks(
-    store: Store, run_id: str, lane: int, window: tuple[int, int], loaders: int | None
+    store: Store, run_id: str, lane: int, window: tuple[int, int], size: int
 ) -> list[tuple[int, float, float]]:
     """A lane's measured batches in consecutive blocks of whole seconds (of the coarsest
-    resolution that gives MAX_BLOCKS buckets over the window), each with at least
-    `block_batches` batches, a last short one joined to the one before, at most MAX_BLOCKS
-    (neighbours joined evenly), as `probe.steady.blocks` cuts batches: images, wait and
-    seconds of each."""
+    resolution that gives MAX_BLOCKS buckets over the window), each with at least `size`
+    batches (`probe.steady.block_batches`), a last short one joined to the one before, at most
+    MAX_BLOCKS (neighbours joined evenly), as `probe.steady.blocks` cuts batches: images, wait
+    and seconds of each."""
     length_s = (window[1] - window[0]) / 1e9
     res_s = next((r for r in reversed(RESOLUTIONS_S) if length_s / r >= MAX_BLOCKS), 1)
     rows = store.query(
@@ -291,7 +292,6 @@ def _time_blocks(
         "WHERE run_id = ? AND res_s = ? AND warmup = 0 AND lane = ? ORDER BY bucket",
         (run_id, res_s, lane),
     )
-    size = block_batches(loaders)
     blocks: list[list[float]] = []
     for row in rows:
         if not blocks or blocks[-1][0] >= size:
