@@ -75,6 +75,9 @@ class InputPipeline(abc.ABC):
         # The CPU nanoseconds of the batch just yielded, by stage (`STAGE_NAMES`); None where
         # the backend does not time its stages.
         self.last_stages: dict[str, int] | None = None
+        # How long the worker that made the batch just yielded was busy on it, in nanoseconds
+        # (its thread's wall time, its waits for a core left out); None where not timed.
+        self.last_serial_ns: int | None = None
 
     @property
     def samples_per_epoch(self) -> int:

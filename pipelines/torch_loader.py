@@ -13,7 +13,10 @@ Written as the baseline a careful engineer would write, so that a comparison wit
 - pinned memory and non-blocking copies on a GPU, persistent workers, seeded augmentation;
 - each stage's CPU time is timed where it runs (`WORKER_STAGES` in the workers, on their
   thread's clock, with what else their process spent as `worker_rest`; `MAIN_STAGES` in the
-  training process, on the clock of the thread that runs the loop): `last_stages`;
+  training process, on the clock of the thread that runs the loop): `last_stages`; and how long
+  a worker's thread was busy making the batch (`last_serial_ns`: its wall time from the first
+  sample to the stacked batch, less its waits for a core; its waits for the GIL, which the
+  queue's thread holds while it hands the last batch over, and for the disk count);
 - `stream()` reads through one endless batch sampler: the shard's read order again and again,
   so that the workers never drain at an epoch's end (a `for` over the pipeline, one epoch,
   restarts the DataLoader's iterator, as a training loop's `for batch in loader` does).
@@ -53,10 +56,11 @@ from pipelines.loader import (
 from pipelines.spec import Augmentation, Backend, OutputDtype, PipelineSpec
 
 # One sample as a worker returns it: CHW uint8 pixels (None if undecodable), label, error, and
-# the CPU nanoseconds of its read, decode, crop_resize and flip stages.
-_Sample = tuple[torch.Tensor | None, int, str | None, tuple[int, int, int, int]]
+# the CPU nanoseconds of its read, decode, crop_resize and flip stages, and its wall time.
+_Sample = tuple[torch.Tensor | None, int, str | None, tuple[int, int, int, int, int]]
 # One batch as the main process receives it: images, labels, "path: reason" of failures, and
-# the CPU nanoseconds of each of WORKER_STAGES. Labels travel as plain ints: every tensor in a
+# the CPU nanoseconds of each of WORKER_STAGES followed by the worker's busy nanoseconds (0 in
+# the training process). Labels travel as plain ints: every tensor in a
 # batch costs a file-descriptor handshake with the worker (torch's default sharing), and a batch
 # of labels is a few hundred bytes.
 _WorkerBatch = tuple[torch.Tensor, tuple[int, ...], tuple[str, ...], tuple[int, ...]]
@@ -102,8 +106,9 @@ class TorchPipeline(InputPipeline):
         unread = 0  # samples skipped since the last one that decoded
         clock = time.thread_time_ns  # this thread's: the training loop's own work
         asked = clock()
-        for position, (host_images, host_labels, failures, worker) in enumerate(batches):
+        for position, (host_images, host_labels, failures, timed) in enumerate(batches):
             received = clock()
+            *worker, serial = timed
             receive = received - asked
             if in_process:  # next() ran the workers' stages here: they are counted apart
                 receive = max(0, receive - sum(worker))
@@ -135,6 +140,7 @@ class TorchPipeline(InputPipeline):
                 **dict(zip(MAIN_STAGES, (receive, copied - received, normalized - copied),
                            strict=True)),
             }  # fmt: skip
+            self.last_serial_ns = serial or None
             yield Batch(images, labels)
             asked = clock()
 
@@ -236,10 +242,11 @@ class ShardDataset(torch.utils.data.Dataset[_Sample]):
 
 class StageTimes:
     """The CPU time of one sample's stages, on the thread's clock: `mark(stage)` ends a stage
-    begun at the previous mark (or at the start)."""
+    begun at the previous mark (or at the start); and the sample's wall time."""
 
     def __init__(self) -> None:
         self.ns = {"read": 0, "decode": 0, "crop_resize": 0, "flip": 0}
+        self._began = time.monotonic_ns()
         self._last = time.thread_time_ns()
 
     def mark(self, stage: str) -> None:
@@ -247,8 +254,9 @@ class StageTimes:
         self.ns[stage] += now - self._last
         self._last = now
 
-    def spent(self) -> tuple[int, int, int, int]:
-        return self.ns["read"], self.ns["decode"], self.ns["crop_resize"], self.ns["flip"]
+    def spent(self) -> tuple[int, int, int, int, int]:
+        ns, wall = self.ns, time.monotonic_ns() - self._began
+        return ns["read"], ns["decode"], ns["crop_resize"], ns["flip"], wall
 
 
 def load_augmented(
@@ -354,7 +362,8 @@ class _Collate:
     """Stacks a worker's samples into one batch (in shared memory when in a worker), and adds up
     its stages' CPU time: the samples', its own (collate), and in a worker what else the
     worker's process spent since its last batch (worker_rest: handing the last batch over,
-    its loop, threads a dataset started)."""
+    its loop, threads a dataset started); and in a worker, how long its thread was busy on the
+    batch, its waits for a core left out (at least its stages' CPU time)."""
 
     def __init__(self, spec: PipelineSpec) -> None:
         self.image_size = spec.image_size
@@ -362,7 +371,7 @@ class _Collate:
         self.normalize = Normalizer(spec.augmentation, torch.device("cpu"))
 
     def __call__(self, samples: list[_Sample]) -> _WorkerBatch:
-        collating = time.thread_time_ns()
+        collating, collating_wall = time.thread_time_ns(), time.monotonic_ns()
         pixels = [image for image, _, error, _ in samples if image is not None and error is None]
         labels = tuple(label for image, label, _, _ in samples if image is not None)
         failures = tuple(error for _, _, error, _ in samples if error is not None)
@@ -374,16 +383,30 @@ class _Collate:
             images = self.normalize(images)
         stages = [sum(sample[3][i] for sample in samples) for i in range(4)]
         collate = time.thread_time_ns() - collating
-        rest = 0
+        rest = serial = 0
         if get_worker_info() is not None:
-            now = time.process_time_ns()
+            now, queued = time.process_time_ns(), _runqueue_wait_ns()
             rest = max(0, now - _WORKER_CLOCK[0] - sum(stages) - collate)
-            _WORKER_CLOCK[0] = now
-        return images, labels, failures, (*stages, collate, rest)
+            busy = sum(sample[3][4] for sample in samples) + time.monotonic_ns() - collating_wall
+            waited = queued - _WORKER_CLOCK[1] if queued is not None else busy
+            serial = max(sum(stages) + collate, busy - waited)
+            _WORKER_CLOCK[:] = [now, queued or 0]
+        return images, labels, failures, (*stages, collate, rest, serial)
 
 
-# A worker's process CPU time when its last batch was collated (when it started, at first).
-_WORKER_CLOCK = [0]
+# A worker's process CPU time and its thread's wait for a core when its last batch was collated
+# (when it started, at first).
+_WORKER_CLOCK = [0, 0]
+
+
+def _runqueue_wait_ns() -> int | None:
+    """How long this thread has waited for a core, runnable, since it started (Linux's
+    schedstat); None where the kernel does not say."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as file:
+            return int(file.read().split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 @contextlib.contextmanager
@@ -419,7 +442,8 @@ class _WorkerInit:
         if info is not None and isinstance(info.dataset, ShardDataset):
             # the loader draws each worker's seed from its generator, seeded with spec.seed
             info.dataset.rng = random.Random(info.seed)
-        _WORKER_CLOCK[0] = time.process_time_ns()  # its start is not its batches' cost
+        # its start is not its batches' cost
+        _WORKER_CLOCK[:] = [time.process_time_ns(), _runqueue_wait_ns() or 0]
         self._ready[worker_id] = time.monotonic_ns()
 
     def ready_ns(self, started_ns: int, iterated_ns: int) -> int:

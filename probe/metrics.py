@@ -295,6 +295,10 @@ class LaneFigures:
     # CPU ms per image by stage (`STAGES`' names), over the measured batches (None: not timed,
     # as for DALI, whose stages run inside its threads, or a watched loop's workers).
     stages_ms: Mapping[str, float] | None = None
+    # A DataLoader worker's busy ms per image: its thread's wall time from a batch's first
+    # sample to the stacked batch, its waits for a core left out (None: not timed). Above its
+    # stages' CPU where it waits for the GIL (the queue's thread hands batches over) or a disk.
+    worker_serial_ms: float | None = None
     pss_mib: float | None = None  # the lane's processes' largest PSS while it measured
     worker_threads: int | None = None  # the most threads one DataLoader worker ran
     # The lane's cgroup CPU throttling while it measured (None: no cgroup counters to read).

@@ -2,14 +2,17 @@
 
 The model is small and its terms are measured in the run it starts from:
 
-- **workers**: each worker's thread makes an image in `serial_ms` of CPU (the stages it runs in
-  turn: read, decode, crop and resize, flip, collation, timed on its clock), so w workers make
-  at most w x 1000 / serial_ms images/s;
+- **workers**: each worker's thread makes an image in `serial_ms` (the stages it runs in turn:
+  read, decode, crop and resize, flip, collation; as the worker timed its busy wall time, its
+  waits for a core left out, since its waits for the GIL its queue's thread holds, and for a
+  disk, are as serial as its CPU; else their CPU time on its clock), so w workers make at most
+  w x 1000 / serial_ms images/s;
 - **cores**: the workers' processes spend `worker_ms` of CPU per image (those stages and what
-  else they run, as handing batches over on the queue's own thread), and share the cores the
-  lane may use (the cgroup quota and affinity, split among the host's lanes) less what the
-  training process (`main_cores`) and other processes (`other_cores`) use: at most
-  (cores - main - other) x 1000 / worker_ms;
+  else they run, as handing batches over on the queue's own thread) and the training process
+  `main_ms` (receiving, stepping, its other threads: it grows with the rate, as the workers'
+  does), and they share the cores the lane may use (the cgroup quota and affinity, split among
+  the host's lanes) less what other processes use (`other_cores`): at most
+  (cores - other) x 1000 / (worker_ms + main_ms);
 - **consumer**: the training loop's thread takes one batch per hand-off (`handoff_ms`:
   receiving, copying and normalizing it, on its own CPU clock) plus one step: at most batch x
   1000 / (handoff + step). The step under the loader's load can be slower than the consumer
@@ -53,19 +56,20 @@ class Curve:
     batch_size: int
     worker_ms: float  # the workers' processes' CPU ms per image
     cores: float  # the cores the lane may use
-    main_cores: float  # the training process's CPU, in cores
+    main_ms: float  # the training process's CPU ms per image
     other_cores: float  # other processes' CPU, in cores per lane
     handoff_ms: float  # the training process's CPU per batch: receive, copy, normalize
     step_ms: float  # the mean step at the setting measured
     step_alone_ms: float | None  # the consumer alone's mean step (None: not measured)
     lanes: int = 1
     measured_images_per_s: float | None = None  # the run's own, at `workers`
-    serial_ms: float | None = None  # a worker's thread's CPU ms per image (None: worker_ms)
+    serial_ms: float | None = None  # a worker's thread's busy ms per image (None: worker_ms)
 
     @property
     def worker_cores(self) -> float:
-        """The cores left to the workers."""
-        return max(MIN_WORKER_CORES, self.cores - self.main_cores - self.other_cores)
+        """The cores left to the workers when the lane's cores are all busy."""
+        share = self.worker_ms / (self.worker_ms + self.main_ms)
+        return max(MIN_WORKER_CORES, (self.cores - self.other_cores) * share)
 
     def step_at(self, workers: int) -> float:
         """The step's mean at `workers`: the consumer alone's, slowed in proportion to the
@@ -128,10 +132,10 @@ class Curve:
             f"load at num_workers={self.workers}"
         )
         return (
-            f"a worker's thread {self.serial_ms or self.worker_ms:.2f} ms of CPU per image, "
-            f"the workers' processes {self.worker_ms:.2f} ms; {self.cores:g} cores for the lane, "
-            f"{self.main_cores:.1f} used by the training process and {self.other_cores:.1f} by "
-            f"other processes; hand-off {self.handoff_ms:.1f} ms per batch of "
+            f"a worker's thread busy {self.serial_ms or self.worker_ms:.2f} ms per image, "
+            f"the workers' processes {self.worker_ms:.2f} ms, the training process "
+            f"{self.main_ms:.2f} ms; {self.cores:g} cores for the lane, {self.other_cores:.1f} "
+            f"used by other processes; hand-off {self.handoff_ms:.1f} ms per batch of "
             f"{self.batch_size}; step {alone}"
         )
 
@@ -163,7 +167,7 @@ def curve_of(facts: LaneFacts, run_id: str | None = None, lanes: int = 1) -> Cur
     workers = facts.num_workers or 0
     handoff = figures.stage_ms(Side.MAIN, training=False) or 0.0
     # with no workers, the training process ran the workers' stages: they are not its own load
-    main_cores = max(0.0, figures.cpu_pct / 100 - rate * worker_ms / 1000) if workers else 0.0
+    main_ms = max(0.0, figures.cpu_pct / 100 * 1000 / rate - worker_ms) if workers else 0.0
     step = facts.step_ms_mean if facts.step_ms_mean is not None else figures.step_ms_p50
     alone = figures.consumer_alone or {}
     alone_rate = alone.get("images_per_s")
@@ -178,14 +182,14 @@ def curve_of(facts: LaneFacts, run_id: str | None = None, lanes: int = 1) -> Cur
         batch_size=facts.batch_size,
         worker_ms=worker_ms,
         cores=facts.cores_per_lane,
-        main_cores=main_cores,
+        main_ms=main_ms,
         other_cores=_other_cores(facts),
         handoff_ms=handoff * facts.batch_size,
         step_ms=step or 0.0,
         step_alone_ms=step_alone,
         lanes=lanes,
         measured_images_per_s=rate * lanes,
-        serial_ms=worker_ms - figures.stages_ms.get("worker_rest", 0.0),
+        serial_ms=figures.worker_serial_ms or worker_ms - figures.stages_ms.get("worker_rest", 0.0),
     )
 
 

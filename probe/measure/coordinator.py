@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any
 from probe.measure.config import Checked, LanePlan, ProbeConfig, batch_sizes
 from probe.measure.lane import Measure
 from probe.measure.recorder import Drained, Recorder
-from probe.measure.unwritten import WRITE_WAIT_S, Unwritten, patiently, store_lost_reason
+from probe.measure.unwritten import WRITE_WAIT_S, Unwritten, patiently
 from probe.metrics import wait_share
 from probe.records import BatchEvent, RunRecord, RunStatus
-from probe.store.db import Store, StoreBusy
+from probe.store.db import Store, StoreBusy, StoreFailed
 from probe.store.documents import lane_figures_from_store
 
 if TYPE_CHECKING:
@@ -115,7 +115,7 @@ class Coordinator:
         self.pending: list[BatchEvent] = []
         self.unwritten = Unwritten()
         self.tracebacks: dict[int, str] = {}  # failed lanes' whole tracebacks
-        self.store_lost: str | None = None  # why the run stopped: the store stayed locked
+        self.store_lost: str | None = None  # why the run stopped: the store locked or failed
         self.interrupted = False
         self.dead_since: dict[int, float] = {}
         self.job = 0
@@ -244,7 +244,7 @@ class Coordinator:
         self.unwritten.add(self.pending, recorder.drain() if recorder is not None else None)
         self.pending = []
         if self.unwritten.flush(self._add_rows) and self.store_lost is None:
-            self.store_lost = store_lost_reason(self.store)
+            self.store_lost = self.unwritten.lost_reason(self.store)
 
     def _add_rows(self, batches: list[BatchEvent], drained: Drained) -> None:
         self.store.add_rows(
@@ -262,13 +262,24 @@ class Coordinator:
         Raises:
             StoreBusy: the store stayed locked until the run could not be recorded (it is left
                 `running`, and marked interrupted once its process is gone).
+            StoreFailed: the machine failed the store (a full disk), saying what was kept.
         """
+        try:
+            self._finish()
+        except StoreFailed as error:
+            run_id, kept = self.run_record.run_id, self.unwritten.written
+            raise StoreFailed(
+                f"{error}; run {run_id} kept what it wrote, {kept:,} batches (it is marked "
+                "interrupted when the store is next read)"
+            ) from None
+
+    def _finish(self) -> None:
         run_id = self.run_record.run_id
         self.store.busy_timeout(WRITE_WAIT_S)
         while not self.unwritten.flush(self._add_rows) and self.unwritten.blocked_since:
             time.sleep(max(0.0, self.unwritten.retry_at - time.monotonic()))
-        if self.unwritten.blocked_since is not None:
-            self.store_lost = self.store_lost or store_lost_reason(self.store)
+        if self.unwritten.unfinished():
+            self.store_lost = self.store_lost or self.unwritten.lost_reason(self.store)
         since = time.monotonic()
         failures, unfinished = [], []
         for lane in self.store.lanes(run_id):
@@ -319,11 +330,14 @@ class Coordinator:
 
 
 def _stage_figures(ended: dict[str, Any]) -> dict[str, Any]:
-    """The lane's stages in CPU ms per image, and its cgroup's throttling, as it ended."""
+    """The lane's stages in CPU ms per image, its workers' busy ms per image, and its cgroup's
+    throttling, as it ended."""
     out: dict[str, Any] = {}
     stages, images = ended.get("stages_ns"), ended.get("stage_images")
     if stages and images:
         out["stages_ms"] = {name: ns / 1e6 / images for name, ns in stages.items()}
+    if ended.get("serial_ns") and ended.get("serial_images"):
+        out["worker_serial_ms"] = ended["serial_ns"] / 1e6 / ended["serial_images"]
     if ended.get("throttling") is not None:
         periods, throttled, seconds = ended["throttling"]
         out.update(cfs_periods=periods, throttled_periods=throttled, throttled_s=seconds)

@@ -94,6 +94,7 @@ class Measure:
 #   ("ended", lane, job, {"stopped", "capped", "skipped_files", "build_s", "warmup_settled",
 #                         "starts": [[epoch, started_ns, ready_ns], ...],
 #                         "stages_ns": {stage: CPU ns} | None, "stage_images": int,
+#                         "serial_ns": workers' busy ns | None, "serial_images": int,
 #                         "throttling": [periods, throttled periods, throttled s] | None})
 #   ("failed", lane, job, {"reason": str, "traceback": str, "input": bool})
 #                                   job -1: the process is done; input: the user's input is bad
@@ -203,7 +204,7 @@ def _measure(
                 event = replace(event, warmup=True)
             else:
                 spent = time.process_time_ns() - cpu_asked[0], time.thread_time_ns() - cpu_asked[1]
-                stages.add(pipeline.last_stages, *spent, event.size)
+                stages.add(pipeline.last_stages, pipeline.last_serial_ns, *spent, event.size)
                 window.add(event)
             pending.append(event)
             if window.events:
@@ -285,16 +286,26 @@ class StageTotals:
     def __init__(self) -> None:
         self.ns: dict[str, int] | None = None
         self.images = 0
+        self.serial_ns = self.serial_images = 0  # the workers' busy time, where timed
         self._throttling: Throttling | None = None
 
     def add(
-        self, stages: dict[str, int] | None, process_ns: int, thread_ns: int, images: int
+        self,
+        stages: dict[str, int] | None,
+        serial_ns: int | None,
+        process_ns: int,
+        thread_ns: int,
+        images: int,
     ) -> None:
-        """One measured batch: its pipeline's stages, and the training process's CPU (all its
-        threads, and the loop's thread alone) from asking for it to the end of its step."""
+        """One measured batch: its pipeline's stages, how long its worker was busy on it, and
+        the training process's CPU (all its threads, and the loop's thread alone) from asking
+        for it to the end of its step."""
         if not self.images:
             self._throttling = cpu_throttling()
         self.images += images
+        if serial_ns is not None:
+            self.serial_ns += serial_ns
+            self.serial_images += images
         if stages is None:
             return
         self.ns = self.ns or dict.fromkeys([*stages, "step", "main_threads"], 0)
@@ -309,7 +320,13 @@ class StageTotals:
         if self._throttling is not None and (now := cpu_throttling()) is not None:
             spent = now - self._throttling
             throttled = [spent.periods, spent.throttled_periods, spent.throttled_s]
-        return {"stages_ns": self.ns, "stage_images": self.images, "throttling": throttled}
+        return {
+            "stages_ns": self.ns,
+            "stage_images": self.images,
+            "serial_ns": self.serial_ns or None,
+            "serial_images": self.serial_images,
+            "throttling": throttled,
+        }
 
 
 def _known_within(
