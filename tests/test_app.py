@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from app.views.session import verified_delta
 from pipelines.sample_data import SampleParams, make_sample_dataset
 from probe.judge.changes import Recommendation
 from probe.judge.verdicts import Verdict
@@ -291,6 +292,12 @@ def test_the_session_page_gives_the_doctors_answer_and_its_curve(
     assert {row["run"] for row in runs} == set(doctor["run_ids"])
     labels = [button.proto.label for button in at.get("download_button")]
     assert labels == ["HTML report", "Markdown summary", "JSON (everything)"]
+
+
+def test_the_verified_figure_is_signed_as_it_differs_from_the_prediction() -> None:
+    assert verified_delta(895, 871) == f"-2.7%: verified {IMAGES_PER_S.cell(871)}"  # arrow down
+    assert verified_delta(871, 895) == f"+2.8%: verified {IMAGES_PER_S.cell(895)}"  # arrow up
+    assert verified_delta(871, None) is None
 
 
 def test_runs_lists_the_sessions_with_their_answers(

@@ -93,14 +93,17 @@ def test_dalis_critical_error_names_the_operator_and_its_error(tmp_path: Path) -
     ],
 )
 def test_a_batch_that_cannot_fit_is_refused_before_anything_starts(
-    tmp_path: Path, flags: list[str], needed: str
+    tmp_path: Path, flags: list[str], needed: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    cache = tmp_path / "cache"  # empty, as on a fresh machine: the sample data is not made
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
     started = time.monotonic()
     result = probe_cli("run", "--gpus", "none", "--db", tmp_path / "s.db", *flags)
     assert time.monotonic() - started < 60  # no lane process, no pipeline built
     assert result.returncode == 2
     [line] = result.stderr.strip().splitlines()
     assert line.startswith(f"error: one {needed} is more than this host's memory")
+    assert not cache.exists() or not any(cache.rglob("*.jpg"))
     with Store(tmp_path / "s.db") as store:
         assert store.runs() == []
 

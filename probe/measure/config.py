@@ -150,7 +150,7 @@ def check_config(config: ProbeConfig) -> Checked:
         InputError: the dataset, a shard, the reading or the backend cannot work.
     """
     check_backend(config.backend)
-    _check_batch_fits(config)
+    check_batch_fits(config)
     dataset = read_order(
         discover(config.spec.data_dir), shuffle=config.spec.shuffle, seed=config.spec.seed
     )
@@ -179,7 +179,7 @@ def check_config(config: ProbeConfig) -> Checked:
     return Checked(len(dataset.classes), sizes, tuple(notes))
 
 
-def _check_batch_fits(config: ProbeConfig) -> None:
+def check_batch_fits(config: ProbeConfig) -> None:
     """Refuses a batch larger than the host's memory, or than a lane's GPU's: it could only
     fail, after its processes started and built their pipelines."""
     from probe.measure.samplers.host import memory_bytes

@@ -4,7 +4,8 @@ A probe or a `watch` loop writes every half second. When another process holds t
 write lock (a long `probe merge`, a backup, a second node on a shared file system), a write
 waits WRITE_WAIT_S, keeps its rows in memory and tries again later, waiting longer each time
 (up to RETRY_MAX_S). The rows are bounded by time: a store locked for STORE_WAIT_S (60 s, or
-`$FEEDSCOPE_STORE_WAIT_S`) is lost to the run, which then stops and says so. Each write is one
+`$FEEDSCOPE_STORE_WAIT_S`) is lost to the run, which then stops and says so. A store the machine
+fails (a full disk, the file removed: `StoreFailed`) is lost at once. Each write is one
 transaction, so a retry never writes a row twice.
 """
 
@@ -18,7 +19,7 @@ from typing import TypeVar
 
 from probe.measure.recorder import Drained
 from probe.records import BatchEvent
-from probe.store.db import Store, StoreBusy
+from probe.store.db import Store, StoreBusy, StoreFailed
 
 STORE_WAIT_S = float(os.environ.get("FEEDSCOPE_STORE_WAIT_S", "60"))
 WRITE_WAIT_S = 0.5  # how long one periodic write waits for the lock before it tries later
@@ -27,7 +28,7 @@ RETRY_MAX_S = 8.0
 T = TypeVar("T")
 
 
-def store_lost_reason(store: Store) -> str:
+def _locked_reason(store: Store) -> str:
     return (
         f"the store {store.path} stayed locked by another process for {STORE_WAIT_S:g} s: "
         "stopped there (what was written before is kept)"
@@ -43,6 +44,8 @@ class Unwritten:
     blocked_since: float | None = None  # when the store was first found locked, if it still is
     retry_at: float = 0.0
     failures: int = 0
+    failure: str | None = None  # why the machine failed the store (StoreFailed), if it did
+    written: int = 0  # the batch events written
 
     def add(self, batches: list[BatchEvent], drained: Drained | None) -> None:
         self.batches += batches
@@ -60,6 +63,8 @@ class Unwritten:
         now = time.monotonic() if now is None else now
         if now < self.retry_at:
             return self.lost(now)
+        if self.failure is not None:
+            return True
         try:
             write(self.batches, self.drained)
         except StoreBusy:
@@ -67,12 +72,28 @@ class Unwritten:
             self.blocked_since = self.blocked_since or now
             self.retry_at = now + min(RETRY_MAX_S, WRITE_WAIT_S * 2**self.failures)
             return self.lost(now)
+        except StoreFailed as error:
+            self.failure = str(error)
+            return True
+        self.written += len(self.batches)
         self.batches, self.drained = [], Drained()
         self.blocked_since, self.retry_at, self.failures = None, 0.0, 0
         return False
 
     def lost(self, now: float) -> bool:
+        if self.failure is not None:
+            return True
         return self.blocked_since is not None and now - self.blocked_since >= STORE_WAIT_S
+
+    def unfinished(self) -> bool:
+        """Whether rows are left that the store did not take: it is locked, or it failed."""
+        return self.blocked_since is not None or self.failure is not None
+
+    def lost_reason(self, store: Store) -> str:
+        """Why the store is lost to the recording, as a run's reason."""
+        if self.failure is not None:
+            return f"{self.failure}; stopped there (what was written before is kept)"
+        return _locked_reason(store)
 
 
 def patiently(write: Callable[[], T], since: float | None = None) -> T:

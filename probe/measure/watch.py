@@ -46,7 +46,7 @@ from pipelines import InputError
 from probe.measure.devices import CudaDevice, cuda_devices, device_sync, loop_device
 from probe.measure.recorder import Drained, Recorder
 from probe.measure.timer import BatchTimer
-from probe.measure.unwritten import WRITE_WAIT_S, Unwritten, patiently, store_lost_reason
+from probe.measure.unwritten import WRITE_WAIT_S, Unwritten, patiently
 from probe.records import BatchEvent, LaneRecord, RunExport, RunRecord, RunStatus
 from probe.steady import Warmup
 from probe.store.db import Store
@@ -309,9 +309,9 @@ class _Recording:
                 while not lost and not self._write(store, unwritten) and unwritten.blocked_since:
                     time.sleep(max(0.0, unwritten.retry_at - time.monotonic()))
                 status, reason = self._ended or (RunStatus.INTERRUPTED, None)
-                if lost or unwritten.blocked_since is not None:
+                if lost or unwritten.unfinished():
                     self.ended = True  # the loop goes on unrecorded
-                    status, reason = RunStatus.FAILED, store_lost_reason(store)
+                    status, reason = RunStatus.FAILED, unwritten.lost_reason(store)
                     _warn_once(f"recording stopped: {reason}")
                 run, lane = store.run(self.run.run_id), store.lanes(self.run.run_id)
                 mine = next(x for x in lane if x.lane == self.lane)

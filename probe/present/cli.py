@@ -12,6 +12,7 @@ in `measuring` (bench, run, sweep, doctor) and `stored` (runs, show, report, che
 from __future__ import annotations
 
 import functools
+import sqlite3
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -22,7 +23,7 @@ from pipelines import Backend, InputError
 from pipelines.sample_data import DEFAULT_SAMPLE, SampleParams, make_sample_dataset
 from probe.present import console, measuring, stored
 from probe.present.options import Flag, LaneArgs, PipelineArgs, flags
-from probe.store.db import StoreBusy
+from probe.store.db import StoreBusy, StoreFailed
 
 EXIT_USAGE = 2
 
@@ -384,8 +385,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InputError as error:
         click.echo(f"error: {error}", err=True)
         return EXIT_USAGE
-    except StoreBusy as error:  # another process held the store: not the user's input
+    except (StoreBusy, StoreFailed) as error:  # the machine failed, not the user's input
         click.echo(f"error: {error}", err=True)
+        return measuring.EXIT_FAILED
+    except sqlite3.DatabaseError as error:  # met in the store's rows, where no statement named it
+        click.echo(f"error: the store failed: {error}", err=True)
         return measuring.EXIT_FAILED
     except (click.Abort, KeyboardInterrupt):
         click.echo("interrupted", err=True)

@@ -130,11 +130,12 @@ def prepare(
     """Checks everything a probe needs, cheapest first (for a `session`, a sweep's or a doctor's,
     that its budget fits its first points); opens the store; then resolves the data (generating
     the sample data on first use). Under torchrun, the rank's one lane."""
-    from probe.measure.config import check_config
+    from probe.measure.config import check_batch_fits, check_config
 
     config = probe_config(pipeline, lanes, backend, batches, duration, label, rank)
     if session is not None:
         check_budget(session[0], session[1], config)
+    check_batch_fits(config)  # before the sample data is written: it needs no data
     store = Store(db)
     data_dir = console.resolve_data(pipeline.data_dir)
     config = replace(config, spec=replace(config.spec, data_dir=data_dir))

@@ -16,7 +16,7 @@ import sqlite3
 import time
 import urllib.parse
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -77,6 +77,59 @@ class StoreBusy(Exception):
     """Another process holds the store's write lock, longer than a write would wait."""
 
 
+class StoreFailed(Exception):
+    """The store's file failed under a command: its disk is full, it cannot be read or written
+    (an I/O error, the file removed), or it is damaged. A failure of the machine, not of the
+    user's input; the message is one line that says what to do."""
+
+
+def store_failure(path: Path, error: sqlite3.Error) -> StoreFailed | None:
+    """The StoreFailed an SQLite error of the store at `path` means, or None where it is not
+    one (a lock, a read-only file, a mistake of the code)."""
+    text = str(error)
+    if "full" in text:
+        free = _free_text(path)
+        return StoreFailed(f"the disk of the store {path} is full{free}: free some space")
+    if "malformed" in text or "disk I/O error" in text or "no such table" in text:
+        wal = path.with_name(path.name + "-wal")
+        written = wal.exists() and wal.stat().st_size > 0
+        kept = f"; {wal} holds its last writes: keep it beside the file" if written else ""
+        return StoreFailed(
+            f"the store {path} cannot be read ({text}): save what can be saved with "
+            f'`sqlite3 {path} ".recover" | sqlite3 recovered.db` and use that one (--db){kept}'
+        )
+    if "readonly database" in text and not path.exists():
+        return StoreFailed(f"the store {path} was removed while in use")
+    return None
+
+
+class _Connection(sqlite3.Connection):
+    """The store's connection: an error of the machine (`store_failure`) raises StoreFailed,
+    naming the store, wherever a statement meets it."""
+
+    path = Path()
+
+    def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
+        try:
+            return super().execute(sql, parameters)
+        except sqlite3.DatabaseError as error:
+            raise store_failure(self.path, error) or error from None
+
+    def executemany(self, sql: str, parameters: Any, /) -> sqlite3.Cursor:
+        try:
+            return super().executemany(sql, parameters)
+        except sqlite3.DatabaseError as error:
+            raise store_failure(self.path, error) or error from None
+
+
+def _free_text(path: Path) -> str:
+    try:
+        free = os.statvfs(path.parent).f_bavail * os.statvfs(path.parent).f_frsize
+    except OSError:
+        return ""
+    return f" ({free / 1024:,.0f} KiB left)"
+
+
 class Store:
     """A connection to the store; use one per thread."""
 
@@ -106,6 +159,8 @@ class Store:
                         f"cannot use {self.path} as the store: {_reason(error)}"
                     ) from None
                 time.sleep(0.1)
+            except StoreFailed:
+                raise
             except (sqlite3.DatabaseError, OSError) as error:
                 raise InputError(f"cannot use {self.path} as the store: {_reason(error)}") from None
 
@@ -118,10 +173,14 @@ class Store:
             folder_writable = os.access(self.path.parent, os.W_OK)
             mode = "ro" if folder_writable else "ro&immutable=1"
             uri = f"file:{urllib.parse.quote(str(self.path.absolute()))}?mode={mode}"
-            db = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+            db = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None,
+                                 factory=_Connection)  # fmt: skip
         else:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+            db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None,
+                                 factory=_Connection)  # fmt: skip
+        assert isinstance(db, _Connection)
+        db.path = self.path
         try:
             db.row_factory = sqlite3.Row
             db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
@@ -309,8 +368,8 @@ class Store:
                         "UPDATE lanes SET status = ?, reason = ? WHERE run_id = ? AND status = ?",
                         (RunStatus.INTERRUPTED.value, reason, run_id, RunStatus.RUNNING.value),
                     )
-        except StoreBusy:
-            return []  # the next reader marks them
+        except (StoreBusy, StoreFailed):
+            return []  # the next reader marks them (a full disk: once it has room)
         finally:
             self.busy_timeout()
         return gone
@@ -582,26 +641,31 @@ class Store:
 
         Raises:
             StoreBusy: another process held the write lock for longer than the busy timeout.
+            StoreFailed: the machine failed the write (a full disk, an I/O error).
         """
         try:
             self._db.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError as error:
+        except sqlite3.Error as error:
             raise self._refusal(error) from None
         try:
             yield self._db
+            self._db.execute("COMMIT")
         except BaseException as error:
-            self._db.execute("ROLLBACK")
-            if isinstance(error, sqlite3.OperationalError) and "readonly" in str(error):
+            with suppress(sqlite3.Error):  # a full disk can refuse the rollback's journal too
+                self._db.execute("ROLLBACK")
+            if isinstance(error, sqlite3.Error):
                 raise self._refusal(error) from None
             raise
-        self._db.execute("COMMIT")
 
-    def _refusal(self, error: sqlite3.OperationalError) -> Exception:
-        """What a write the store refused raises: InputError (read-only), StoreBusy (locked),
-        or the error itself."""
+    def _refusal(self, error: sqlite3.Error) -> Exception:
+        """What a write the store refused raises: StoreFailed (the machine failed it),
+        InputError (read-only), StoreBusy (locked), or the error itself."""
+        failure = store_failure(self.path, error)
+        if failure is not None:
+            return failure
         if "readonly" in str(error):
             return InputError(f"the store {self.path} is read-only here: it can only be read")
-        if _is_busy(error):
+        if isinstance(error, sqlite3.OperationalError) and _is_busy(error):
             waited = self._db.execute("PRAGMA busy_timeout").fetchone()[0] / 1000
             return StoreBusy(
                 f"the store {self.path} is locked by another process (a write waited {waited:g} s)"
