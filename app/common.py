@@ -23,7 +23,8 @@ from probe.judge.verdicts import Verdict, VerdictKind
 from probe.present.listing import run_rows, session_rows
 from probe.present.report import build_report, render
 from probe.present.tables import headline, recommendation_text
-from probe.store.db import Store, default_db_path
+from probe.store.connection import default_db_path
+from probe.store.db import Store
 from probe.store.documents import RunDocument, read_run
 from probe.store.series import latency_histogram, run_series
 

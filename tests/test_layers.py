@@ -39,7 +39,7 @@ FENCES: dict[str, tuple[str, ...]] = {
     "torch.cuda": ("probe.measure.devices", "pipelines.loader"),
     "pynvml": ("probe.measure.samplers.nvml",),
     "psutil": ("probe.measure.samplers.host",),
-    "plotly": ("probe.present.charts",),
+    "plotly": ("probe.present.charts.*",),
     "rich": ("probe.present.console", "probe.present.terminal"),
     "nvidia.dali": ("pipelines.dali_loader",),
     "streamlit": ("app.*",),

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.sample_data import SampleParams, make_sample_dataset
-from probe.store.db import BUSY_TIMEOUT_S
+from probe.store.connection import BUSY_TIMEOUT_S
 
 HOLD = """
 import sqlite3, sys, time

@@ -24,7 +24,8 @@ from probe.measure.recorder import Drained, Recorder
 from probe.measure.unwritten import WRITE_WAIT_S, Unwritten, patiently
 from probe.metrics import wait_share
 from probe.records import BatchEvent, RunRecord, RunStatus
-from probe.store.db import Store, StoreBusy, StoreFailed
+from probe.store.connection import StoreBusy, StoreFailed
+from probe.store.db import Store
 from probe.store.documents import lane_figures_from_store
 
 if TYPE_CHECKING:

@@ -19,7 +19,8 @@ from typing import TypeVar
 
 from probe.measure.recorder import Drained
 from probe.records import BatchEvent
-from probe.store.db import Store, StoreBusy, StoreFailed
+from probe.store.connection import StoreBusy, StoreFailed
+from probe.store.db import Store
 
 STORE_WAIT_S = float(os.environ.get("FEEDSCOPE_STORE_WAIT_S", "60"))
 WRITE_WAIT_S = 0.5  # how long one periodic write waits for the lock before it tries later

@@ -23,7 +23,7 @@ from pipelines import Backend, InputError
 from pipelines.sample_data import DEFAULT_SAMPLE, SampleParams, make_sample_dataset
 from probe.present import console, measuring, stored
 from probe.present.options import Flag, LaneArgs, PipelineArgs, flags
-from probe.store.db import StoreBusy, StoreFailed
+from probe.store.connection import StoreBusy, StoreFailed
 
 EXIT_USAGE = 2
 

@@ -1,22 +1,17 @@
-"""The store: one SQLite file holding runs, their lanes, batch events and hardware samples.
+"""The store's queries: runs, their lanes, batch events and hardware samples written to and read
+from one SQLite file (opened by `probe.store.connection`).
 
-WAL mode and a busy timeout let readers (the dashboard, `probe show`) read while a probe writes;
-the probe's coordinating process is the only writer of a run. The schema version is kept in the
-`meta` table. Where the file lives: `--db`, else `$FEEDSCOPE_DB`, else the user's data folder.
-
-Samples and batches are written with their rollups (`probe.store.rollups`), in one transaction;
-what a run's totals and windows need is read from those, a bounded number of rows.
+The probe's coordinating process is the only writer of a run. Samples and batches are written
+with their rollups (`probe.store.rollups`), in one transaction; what a run's totals and windows
+need is read from those, a bounded number of rows.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
-import time
-import urllib.parse
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -36,19 +31,17 @@ from probe.records import (
     Unavailable,
 )
 from probe.store import rollups
+from probe.store.connection import BUSY_TIMEOUT_S, StoreBusy, StoreFailed, connect, default_db_path
 from probe.store.rollups import GPU, HOST, BatchTotals, Samples, Totals
 from probe.store.schema import (
     add_lanes,
     host_from_row,
     lane_from_row,
-    migrate,
     run_from_row,
     run_row,
     session_from_row,
 )
 
-ENV_VAR = "FEEDSCOPE_DB"
-BUSY_TIMEOUT_S = 10.0  # how long a write waits, by default, for another process's write lock
 BATCH_COLUMNS = (
     "run_id", "lane", "idx", "t_ns", "wait_s", "step_s", "size", "warmup", "epoch", "synced"
 )  # fmt: skip
@@ -63,140 +56,22 @@ LANE_CPU_COLUMNS = (
 )  # fmt: skip
 
 
-def default_db_path() -> Path:
-    """`$FEEDSCOPE_DB`, else feedscope.db in the user's data folder."""
-    from_env = os.environ.get(ENV_VAR)
-    if from_env:
-        return Path(from_env).expanduser()
-    import platformdirs
-
-    return Path(platformdirs.user_data_dir("feedscope")) / "feedscope.db"
-
-
-class StoreBusy(Exception):
-    """Another process holds the store's write lock, longer than a write would wait."""
-
-
-class StoreFailed(Exception):
-    """The store's file failed under a command: its disk is full, it cannot be read or written
-    (an I/O error, the file removed), or it is damaged. A failure of the machine, not of the
-    user's input; the message is one line that says what to do."""
-
-
-def store_failure(path: Path, error: sqlite3.Error) -> StoreFailed | None:
-    """The StoreFailed an SQLite error of the store at `path` means, or None where it is not
-    one (a lock, a read-only file, a mistake of the code)."""
-    text = str(error)
-    if "full" in text:
-        free = _free_text(path)
-        return StoreFailed(f"the disk of the store {path} is full{free}: free some space")
-    if "malformed" in text or "disk I/O error" in text or "no such table" in text:
-        wal = path.with_name(path.name + "-wal")
-        written = wal.exists() and wal.stat().st_size > 0
-        kept = f"; {wal} holds its last writes: keep it beside the file" if written else ""
-        return StoreFailed(
-            f"the store {path} cannot be read ({text}): save what can be saved with "
-            f'`sqlite3 {path} ".recover" | sqlite3 recovered.db` and use that one (--db){kept}'
-        )
-    if "readonly database" in text and not path.exists():
-        return StoreFailed(f"the store {path} was removed while in use")
-    return None
-
-
-class _Connection(sqlite3.Connection):
-    """The store's connection: an error of the machine (`store_failure`) raises StoreFailed,
-    naming the store, wherever a statement meets it."""
-
-    path = Path()
-
-    def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
-        try:
-            return super().execute(sql, parameters)
-        except sqlite3.DatabaseError as error:
-            raise store_failure(self.path, error) or error from None
-
-    def executemany(self, sql: str, parameters: Any, /) -> sqlite3.Cursor:
-        try:
-            return super().executemany(sql, parameters)
-        except sqlite3.DatabaseError as error:
-            raise store_failure(self.path, error) or error from None
-
-
-def _free_text(path: Path) -> str:
-    try:
-        free = os.statvfs(path.parent).f_bavail * os.statvfs(path.parent).f_frsize
-    except OSError:
-        return ""
-    return f" ({free / 1024:,.0f} KiB left)"
-
-
 class Store:
     """A connection to the store; use one per thread."""
 
     def __init__(self, path: Path | str | None = None, *, create: bool = True) -> None:
-        """Opens (and if new and `create`, creates) the store. A store this process cannot
-        write to (read-only media, another user's file) is opened for reading.
+        """Opens (and if new and `create`, creates) the store (`connect`).
 
         Raises:
-            InputError: the file is missing (and not `create`), cannot be created or opened, is
-                not a feedscope store, or was written by a newer feedscope.
+            InputError: as `connect`.
         """
         self.path = Path(path).expanduser() if path is not None else default_db_path()
-        if self.path.is_dir():
-            raise InputError(f"the store path is a folder, not a file: {self.path}")
-        if not create and not self.path.exists():
-            raise InputError(f"no store at {self.path}: nothing was recorded there")
-        # Two processes creating one store at once (two nodes on a shared folder) can find it
-        # locked before any busy timeout applies: such an open is tried again.
-        deadline = time.monotonic() + BUSY_TIMEOUT_S
-        while True:
-            try:
-                self._db = self._open()
-                return
-            except sqlite3.OperationalError as error:
-                if not _is_busy(error) or time.monotonic() > deadline:
-                    raise InputError(
-                        f"cannot use {self.path} as the store: {_reason(error)}"
-                    ) from None
-                time.sleep(0.1)
-            except StoreFailed:
-                raise
-            except (sqlite3.DatabaseError, OSError) as error:
-                raise InputError(f"cannot use {self.path} as the store: {_reason(error)}") from None
+        self._db = connect(self.path, create)
 
-    read_only = False  # opened for reading only: this process cannot write the file
-
-    def _open(self) -> sqlite3.Connection:
-        read_only = self.read_only = self.path.exists() and not os.access(self.path, os.W_OK)
-        if read_only:
-            # Read-only media: nobody writes there, and SQLite cannot create the WAL's index.
-            folder_writable = os.access(self.path.parent, os.W_OK)
-            mode = "ro" if folder_writable else "ro&immutable=1"
-            uri = f"file:{urllib.parse.quote(str(self.path.absolute()))}?mode={mode}"
-            db = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None,
-                                 factory=_Connection)  # fmt: skip
-        else:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None,
-                                 factory=_Connection)  # fmt: skip
-        assert isinstance(db, _Connection)
-        db.path = self.path
-        try:
-            db.row_factory = sqlite3.Row
-            db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
-            _refuse_foreign(db)
-            if not read_only:
-                db.execute("PRAGMA journal_mode = WAL")
-                # WAL keeps the store whole at any crash with this; a power cut may lose the
-                # last writes. The staged rows of a write stay in memory.
-                db.execute("PRAGMA synchronous = NORMAL")
-            db.execute("PRAGMA temp_store = MEMORY")
-            db.execute("PRAGMA foreign_keys = ON")
-            migrate(db)
-        except BaseException:
-            db.close()
-            raise
-        return db
+    @property
+    def read_only(self) -> bool:
+        """Opened for reading only: this process cannot write the file."""
+        return self._db.read_only
 
     def close(self) -> None:
         self._db.close()
@@ -635,58 +510,9 @@ class Store:
         names = ", ".join(row[key] for row in rows[:5])
         raise InputError(f"{wanted!r} matches several {what}s ({names}): give more of the id")
 
-    @contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
-        """A write transaction.
-
-        Raises:
-            StoreBusy: another process held the write lock for longer than the busy timeout.
-            StoreFailed: the machine failed the write (a full disk, an I/O error).
-        """
-        try:
-            self._db.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error as error:
-            raise self._refusal(error) from None
-        try:
-            yield self._db
-            self._db.execute("COMMIT")
-        except BaseException as error:
-            with suppress(sqlite3.Error):  # a full disk can refuse the rollback's journal too
-                self._db.execute("ROLLBACK")
-            if isinstance(error, sqlite3.Error):
-                raise self._refusal(error) from None
-            raise
-
-    def _refusal(self, error: sqlite3.Error) -> Exception:
-        """What a write the store refused raises: StoreFailed (the machine failed it),
-        InputError (read-only), StoreBusy (locked), or the error itself."""
-        failure = store_failure(self.path, error)
-        if failure is not None:
-            return failure
-        if "readonly" in str(error):
-            return InputError(f"the store {self.path} is read-only here: it can only be read")
-        if isinstance(error, sqlite3.OperationalError) and _is_busy(error):
-            waited = self._db.execute("PRAGMA busy_timeout").fetchone()[0] / 1000
-            return StoreBusy(
-                f"the store {self.path} is locked by another process (a write waited {waited:g} s)"
-            )
-        return error
-
-
-def _refuse_foreign(db: sqlite3.Connection) -> None:
-    """Raises InputError for an SQLite file of another application (tables, none of them
-    feedscope's `meta`), before anything in it is changed."""
-    tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    if tables and "meta" not in tables:
-        path = db.execute("PRAGMA database_list").fetchone()[2]
-        raise InputError(
-            f"{path} is an SQLite file of another application, not a feedscope store: "
-            "give another --db"
-        )
-
-
-def _is_busy(error: sqlite3.OperationalError) -> bool:
-    return "locked" in str(error) or "busy" in str(error)
+    def transaction(self) -> AbstractContextManager[sqlite3.Connection]:
+        """A write transaction (StoreBusy, StoreFailed where refused: `connection`)."""
+        return self._db.transaction()
 
 
 def _column_value(value: Any) -> Any:
@@ -701,12 +527,3 @@ def _column_value(value: Any) -> Any:
 
 def _like_prefix(text: str) -> str:
     return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-
-
-def _reason(error: BaseException) -> str:
-    text = str(error) or type(error).__name__
-    if "file is not a database" in text:
-        return "it is not a feedscope store (not an SQLite file)"
-    if "unable to open database file" in text:
-        return "the file cannot be created or opened there (permissions?)"
-    return text

@@ -1,0 +1,154 @@
+"""Figures that set results side by side: a sweep's images/s over its settings (`sweep_curve`)
+and runs compared (`compare_bars`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from probe.judge.results import Session
+from probe.metrics import (
+    CPU,
+    DATA_WAIT,
+    IMAGES_PER_S,
+    KERNEL_ACTIVE,
+    SM_ACTIVE,
+    Metric,
+    busy_metric,
+)
+from probe.present.charts.layout import BUSY_COLOR, PALETTE, WAIT_COLOR, layout
+from probe.store.documents import RunBrief
+
+
+def sweep_curve(session: Session) -> go.Figure:
+    """Images/s over a sweep's settings, its knee marked; DALI's measurement as a line."""
+    knob = session.knob
+    knee = None if session.knee is None else session.knee.setting
+    oversubscribed = session.oversubscribed
+    dali = session.dali
+    dali_images_per_s = None if dali is None else dali.images_per_s
+    dali_label = "DALI" if dali is None else dali.change.setting
+    settings = [p.setting for p in session.points]
+    rates = [p.images_per_s for p in session.points]
+    errors = [p.images_per_s_error or 0.0 for p in session.points]
+    figure = go.Figure(
+        go.Scatter(
+            x=settings,
+            y=rates,
+            mode="lines+markers",
+            name="images/s (± 95%)",
+            line={"color": BUSY_COLOR},
+            error_y={"type": "data", "array": errors, "visible": any(errors)},
+        )
+    )
+    # a label at the axis's first or last setting reads inwards, not over the plot's edge
+    side = _side(knee, settings)
+    if knee is not None and knee in settings:
+        rate = rates[settings.index(knee)]
+        figure.add_trace(
+            go.Scatter(
+                x=[knee],
+                y=[rate],
+                mode="markers+text",
+                name="knee",
+                text=[f"knee: {knob}={knee}"],
+                textposition=f"top {side}",
+                cliponaxis=False,  # drawn whole, near the top of the plot too
+                marker={"size": 14, "symbol": "star", "color": "#2ca02c"},
+            )
+        )
+    over = [(s, r) for s, r in zip(settings, rates, strict=True) if s in set(oversubscribed)]
+    if over:
+        figure.add_trace(
+            go.Scatter(
+                x=[s for s, _ in over],
+                y=[r for _, r in over],
+                mode="markers",
+                name="oversubscribed",
+                marker={"size": 12, "symbol": "x", "color": WAIT_COLOR},
+            )
+        )
+    if dali_images_per_s is not None:
+        figure.add_hline(
+            y=dali_images_per_s,
+            line_dash="dash",
+            line_color="#9467bd",
+            annotation_text=f"{dali_label}: {IMAGES_PER_S.text(dali_images_per_s)}",
+            # at the end away from the knee's label, which it would run into
+            annotation_position="top left" if side == "left" else "top right",
+        )
+    log = min(settings or [0]) > 0
+    figure.update_xaxes(
+        title_text=knob,
+        type="log" if log else "linear",
+        tickvals=settings,  # a log axis's own ticks would show 2, 3, 5 ... between settings
+        ticktext=[str(s) for s in settings],
+    )
+    figure.update_yaxes(title_text="images/s", rangemode="tozero")
+    return layout(figure, f"Sweep of {knob}", height=380)
+
+
+def _side(setting: int | None, settings: Sequence[int]) -> str:
+    """Where a label beside `setting` reads: 'right' of the first setting, 'left' of the
+    last, 'center' between them."""
+    if setting is None or len(settings) < 2:
+        return "center"
+    if setting == min(settings):
+        return "right"
+    return "left" if setting == max(settings) else "center"
+
+
+def compare_bars(briefs: Sequence[RunBrief]) -> go.Figure:
+    """Runs side by side: images/s, data-wait (each run's worst lane's), GPU busy-ness and CPU
+    cores."""
+    names = [brief.name for brief in briefs]
+    metrics = {busy_metric(brief.sm_active_source) for brief in briefs} - {None}
+    busy = next(iter(metrics)) if len(metrics) == 1 else None
+    busy_title = (  # the metrics' names on a line of their own: too long for a half-width title
+        f"{busy.title} %"
+        if busy
+        else f"GPU busy %<br><sup>{SM_ACTIVE.title} or {KERNEL_ACTIVE.title}</sup>"
+    )
+    figure = make_subplots(
+        rows=2,
+        cols=2,
+        subplot_titles=[IMAGES_PER_S.axis, DATA_WAIT.axis, busy_title, CPU.axis],
+    )
+    panels: list[tuple[int, int, str, list[float | None]]] = [  # and each one's hover value
+        (1, 1, "%{y:,.0f} images/s", [brief.images_per_s for brief in briefs]),
+        (1, 2, "%{y:.1f}%", [_shown(DATA_WAIT, brief.data_wait_frac) for brief in briefs]),
+        (2, 1, "%{y:.1f}%", [brief.sm_active_pct for brief in briefs]),
+        (2, 2, "%{y:.1f} cores", [brief.cpu_cores for brief in briefs]),
+    ]
+    for row, col, shown, values in panels:
+        figure.add_trace(
+            go.Bar(
+                x=names,
+                y=values,
+                marker_color=PALETTE[: len(names)],
+                showlegend=False,
+                name="",
+                hovertemplate=f"%{{x}}: {shown}<extra></extra>",
+            ),
+            row=row,
+            col=col,
+        )
+        if all(value is None for value in values):
+            figure.add_annotation(
+                text="not measured for these runs",
+                showarrow=False,
+                xref="x domain",
+                yref="y domain",
+                x=0.5,
+                y=0.5,
+                row=row,
+                col=col,
+            )
+    return layout(figure, "Runs compared", height=560)
+
+
+def _shown(metric: Metric, value: float | None) -> float | None:
+    return None if value is None else value * metric.scale
