@@ -42,6 +42,10 @@ TREND_CUT = 2.0
 PRECISION = 0.03  # by default a point is measured until images/s is known within +-3% (95%)
 MAX_MEASURE_S = 60.0  # ... or for this long, whichever comes first
 MIN_MEASURE_S = 3.0  # and never on less than this: a few lucky blocks are not precision
+# A lane with no batch for this many times its slowest wait between batches so far, and at least
+# this long, is stopped as stalled (a dead mount, a worker stuck in a C library): `--stall-s`.
+STALL_TIMES = 10
+STALL_FLOOR_S = 60.0
 # Two runs of one setting in one session differ by more than their errors: the machine drifts
 # (seen: 2-7% on the 2-core machine; on an H100, 4% for 16 DataLoader workers between a doctor's
 # point and its verification, 12% against a sweep's point, with errors of 1-3%). Each run is

@@ -250,6 +250,8 @@ def recorded(tmp_path_factory: pytest.TempPathFactory, photos: Path) -> Path:
         (["--duration", "-5"], "--duration must be > 0"),
         (["--num-shards", "0"], "--num-shards must be >= 1"),
         (["--sample-hz", "-1"], "--sample-hz must be within 0..1000"),
+        (["--stall-s", "0"], "--stall-s must be auto or > 0 seconds"),
+        (["--stall-s", "soon"], "--stall-s takes auto or a number of seconds"),
         (["--workers", "-2"], "num_workers must be >= 0"),
         (["--data", "/no/such/folder"], "dataset folder not found"),
     ],

@@ -102,6 +102,7 @@ class ProbeConfig:
     # session's point: the rest of its budget goes to other points); None: no such stop
     enough_s: float | None = None
     sample_hz: float = 10.0  # 0: no sampling
+    stall_s: float | None = None  # a lane silent this long is stopped; None: from its rate
     label: str | None = None
     torchrun: bool = False  # one rank's lane of a run launched by torchrun
 
@@ -122,6 +123,8 @@ class ProbeConfig:
             raise InputError(f"the longest measurement must be > 0 seconds (got {self.max_s})")
         if not 0 <= self.sample_hz <= 1000:
             raise InputError(f"--sample-hz must be within 0..1000 (got {self.sample_hz})")
+        if self.stall_s is not None and not self.stall_s > 0:
+            raise InputError(f"--stall-s must be auto or > 0 seconds (got {self.stall_s:g})")
 
     @property
     def until_precise(self) -> bool:
@@ -229,6 +232,7 @@ def config_dict(config: ProbeConfig, checked: Checked) -> dict[str, Any]:
         "max_s": config.max_s,
         "enough_s": config.enough_s,
         "sample_hz": config.sample_hz,
+        "stall_s": config.stall_s,
         "num_classes": checked.num_classes,
         "data_notes": list(checked.notes),
         "world_size": config.lanes[0].num_shards if config.torchrun else len(config.lanes),

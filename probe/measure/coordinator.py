@@ -21,9 +21,11 @@ from typing import TYPE_CHECKING, Any
 from probe.measure.config import Checked, LanePlan, ProbeConfig, batch_sizes
 from probe.measure.lane import Measure
 from probe.measure.recorder import Drained, Recorder
+from probe.measure.samplers.host import kill_tree, process_states, tree_cpu_s
 from probe.measure.unwritten import WRITE_WAIT_S, Unwritten, patiently
 from probe.metrics import wait_share
 from probe.records import BatchEvent, RunRecord, RunStatus
+from probe.steady import STALL_FLOOR_S, STALL_TIMES
 from probe.store.connection import StoreBusy, StoreFailed
 from probe.store.db import Store
 from probe.store.documents import lane_figures_from_store
@@ -33,6 +35,10 @@ if TYPE_CHECKING:
 
 STOP_GRACE_S = 20.0  # how long stopping lanes may take before they are terminated
 WRITE_EVERY_S = 0.5
+# A silent lane whose processes used this share of a core since the last reading (one every few
+# seconds) is working, not stalled: a batch of huge images can take minutes.
+STALL_CPU_SHARE = 0.1
+STALL_CPU_EVERY_S = 5.0
 LIVE_WINDOW_NS = 3_000_000_000  # live figures cover the last 3 s
 
 
@@ -119,6 +125,9 @@ class Coordinator:
         self.store_lost: str | None = None  # why the run stopped: the store locked or failed
         self.interrupted = False
         self.dead_since: dict[int, float] = {}
+        self.heard: dict[int, float] = {}  # when each running lane last said or did anything
+        self.cpu_read: dict[int, tuple[float, float]] = {}  # when, and its processes' CPU s
+        self.slowest_gap: dict[int, float] = {}  # its longest wait between batches so far
         self.job = 0
         self.bad_input: list[str] = []  # lanes that failed on the user's input
 
@@ -149,6 +158,8 @@ class Coordinator:
             if self.config.until_precise and running and running <= self.precise:
                 lanes.stop_run.set()  # every lane still running knows its rate well enough
             self._check_processes(now, deadline)
+            if deadline is None:
+                self._check_stalls(now)
             if now - last_write >= WRITE_EVERY_S:
                 self.write(self.recorder)
                 last_write = now
@@ -166,6 +177,7 @@ class Coordinator:
         if alive is None or not alive.is_alive():
             self.started_here.add(plan.lane)
         process = lanes.spawn(plan.lane)
+        self.heard[plan.lane] = time.monotonic()
         if self.recorder is not None:
             self.recorder.set_lane_pid(plan.lane, process.pid)
         with suppress(StoreBusy):  # the pid is for a reader's curiosity; the run goes on
@@ -200,11 +212,37 @@ class Coordinator:
             elif not process.is_alive() and now - self.dead_since.setdefault(lane, now) > 2.0:
                 self._close_lane(lane, RunStatus.FAILED, _exit_reason(process.exitcode))
 
+    def _check_stalls(self, now: float) -> None:
+        """Stops and fails the lanes that said nothing for longer than the stall bound: a batch
+        that never comes must not hang the run."""
+        for lane in list(self.heard):
+            if lane in self.outcome:
+                continue
+            bound = self.config.stall_s or max(
+                STALL_FLOOR_S, STALL_TIMES * self.slowest_gap.get(lane, 0.0)
+            )
+            when, cpu = self.cpu_read.get(lane, (0.0, 0.0))
+            if now - when >= STALL_CPU_EVERY_S:  # a lane whose processes work is not stalled
+                used = tree_cpu_s(self.lanes.processes[lane].pid)
+                if when and used - cpu >= STALL_CPU_SHARE * (now - when):
+                    self.heard[lane] = now
+                self.cpu_read[lane] = (now, used)
+            if now - self.heard[lane] > bound:
+                process = self.lanes.processes[lane]
+                reason = stall_reason(self.live[lane], now - self.heard[lane], bound, process.pid)
+                kill_tree(process.pid)
+                self._close_lane(lane, RunStatus.FAILED, reason)
+
     def _handle(self, message: tuple[str, int, int, Any]) -> None:
         kind, lane, job, payload = message
         if lane not in self.live or job not in (-1, self.job):
             return  # a lane of another run, or of an earlier one that was cut short
         live = self.live[lane]
+        now = time.monotonic()
+        if kind == "batches" and live.warmup_batches + live.batches:
+            gap = now - self.heard[lane]
+            self.slowest_gap[lane] = max(self.slowest_gap.get(lane, 0.0), gap)
+        self.heard[lane] = now
         if kind in ("batches", "rewarm"):  # rewarm: written again, the store replaces them
             self.pending.extend(payload)
             (live.got if kind == "batches" else live.rewarm)(payload)
@@ -269,6 +307,8 @@ class Coordinator:
             self._finish()
         except StoreFailed as error:
             run_id, kept = self.run_record.run_id, self.unwritten.written
+            if error.gone:
+                raise StoreFailed(f"{error}; run {run_id} was in it", gone=True) from None
             raise StoreFailed(
                 f"{error}; run {run_id} kept what it wrote, {kept:,} batches (it is marked "
                 "interrupted when the store is next read)"
@@ -343,6 +383,19 @@ def _stage_figures(ended: dict[str, Any]) -> dict[str, Any]:
         periods, throttled, seconds = ended["throttling"]
         out.update(cfs_periods=periods, throttled_periods=throttled, throttled_s=seconds)
     return out
+
+
+def stall_reason(live: LaneLive, quiet_s: float, bound_s: float, pid: int) -> str:
+    """What a stalled lane was doing: its phase, its batches, and each of its processes' state
+    and where in the kernel it sleeps (what it waits for), with its CPU time."""
+    states = process_states(pid)
+    return (
+        f"stalled: no batch and no CPU work for {quiet_s:.0f} s (the bound: {bound_s:.0f} s, "
+        f"--stall-s) while "
+        f"{live.state}, after {live.warmup_batches} warm-up and {live.batches} measured batches; "
+        + ("; ".join(states) or "its processes could not be read")
+        + ": stopped"
+    )
 
 
 def _exit_reason(code: int | None) -> str:

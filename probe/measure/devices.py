@@ -6,7 +6,9 @@ A device is named by its CUDA index (what `CUDA_VISIBLE_DEVICES` leaves visible,
 
 from __future__ import annotations
 
+import resource
 import sys
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -21,11 +23,21 @@ class CudaDevice:
     memory_mib: float
 
 
+_NO_CUDA: list[str] = []  # why CUDA did not start in this process, once asked
+
+
 def cuda_devices() -> list[CudaDevice]:
-    """Every CUDA device visible to this process (none without CUDA)."""
+    """Every CUDA device visible to this process (none without CUDA, or where it did not start:
+    `cuda_failure` says why)."""
     import torch
 
-    if not torch.cuda.is_available():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # torch warns once where the driver fails to start
+        available = torch.cuda.is_available()
+    failed = [str(w.message) for w in caught if "CUDA initialization" in str(w.message)]
+    if failed and not _NO_CUDA:
+        _NO_CUDA.append(failed[0].split(" (Triggered")[0].split(". Did you run")[0])
+    if not available:
         return []
     devices = []
     for index in range(torch.cuda.device_count()):
@@ -40,6 +52,21 @@ def cuda_devices() -> list[CudaDevice]:
             )
         )
     return devices
+
+
+def cuda_failure() -> str:
+    """Why CUDA did not start here (after `cuda_devices`), with the address-space limit where
+    one is set (`ulimit -v`: the driver reserves far more address space than it uses), or ""."""
+    if not _NO_CUDA:
+        return ""
+    why = _NO_CUDA[0].removeprefix("CUDA initialization: ")
+    limit, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if limit != resource.RLIM_INFINITY:
+        why += (
+            f"; this process's address space is limited to {limit / 2**30:.1f} GiB (ulimit -v), "
+            "too little for CUDA to start: raise it (ulimit -v unlimited)"
+        )
+    return f"CUDA did not start ({why})"
 
 
 def host_cores() -> int:
@@ -79,7 +106,10 @@ def select_gpus(text: str | None, devices: list[CudaDevice]) -> list[CudaDevice]
         return None
     if wanted == "all":
         if not devices:
-            raise InputError("--gpus all: no CUDA GPU is visible here; use --gpus none for the CPU")
+            raise InputError(
+                f"--gpus all: {cuda_failure() or 'no CUDA GPU is visible here'}; use --gpus none "
+                "for the CPU"
+            )
         return devices
     try:
         indices = [int(part) for part in wanted.split(",") if part.strip()]
@@ -96,8 +126,9 @@ def select_gpus(text: str | None, devices: list[CudaDevice]) -> list[CudaDevice]
     if missing:
         if not devices:
             raise InputError(
-                f"GPU {missing[0]} was asked for, but CUDA sees no GPU here; "
-                "available: the CPU (--gpus none)"
+                f"GPU {missing[0]} was asked for, but "
+                + (cuda_failure() or "CUDA sees no GPU here")
+                + "; available: the CPU (--gpus none)"
             )
         raise InputError(
             f"GPU {missing[0]} does not exist; available: {describe(devices)} (or --gpus none)"

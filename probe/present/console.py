@@ -166,7 +166,7 @@ def bench_one(
 
 def announce(config: ProbeConfig, gpus_given: bool, store: Store) -> None:
     """What a probe is about to do, where, for how long; its data and its store."""
-    from probe.measure.devices import cuda_devices, describe
+    from probe.measure.devices import cuda_devices, cuda_failure, describe
     from probe.measure.lane import Read
 
     devices = [p.device for p in config.lanes if p.device is not None]
@@ -177,7 +177,7 @@ def announce(config: ProbeConfig, gpus_given: bool, store: Store) -> None:
             + ("cuda:LOCAL_RANK" if devices else "the CPU")
         )
     elif not devices:
-        visible = "" if cuda_devices() else " (no CUDA GPU visible)"
+        visible = "" if cuda_devices() else f" ({cuda_failure() or 'no CUDA GPU visible'})"
         where = f"the CPU, {len(config.lanes)} lane(s){visible}"
     else:
         where = (

@@ -29,7 +29,7 @@ from pipelines import (
     check_backend,
 )
 from pipelines.sample_data import default_sample_dir
-from probe.steady import MAX_MEASURE_S, PRECISION
+from probe.steady import MAX_MEASURE_S, PRECISION, STALL_FLOOR_S, STALL_TIMES
 from probe.store.documents import RunDocument
 
 if TYPE_CHECKING:
@@ -172,6 +172,11 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--sample-hz", "sample_hz", "sample_hz", float, 10.0,
          "Hardware samples per second (0: none).",
          group="lanes"),
+    Flag("--stall-s", "stall_s", "stall_s", str, "auto",
+         "Seconds a lane may go without a batch before it is stopped and failed as stalled, "
+         f"or auto: {STALL_TIMES} times its slowest wait between batches so far, at least "
+         f"{STALL_FLOOR_S:g} s.",
+         group="lanes", from_stored=lambda stall: "auto" if stall is None else decimal(stall)),
     Flag("--label", "label", None, str, None, "A name for the run, shown in listings.",
          group="command", commands=("run",)),
     Flag("--values", "values", None, str, None,
@@ -276,6 +281,7 @@ class LaneArgs:
     warmup: str
     precision: str
     sample_hz: float
+    stall_s: str
 
     @classmethod
     def of(cls, values: Mapping[str, Any], command: str = "run") -> LaneArgs:
@@ -291,6 +297,17 @@ class LaneArgs:
         except ValueError:
             raise InputError(
                 f"--warmup takes auto or a number of batches (got {self.warmup!r})"
+            ) from None
+
+    def stall_bound(self) -> float | None:
+        """`--stall-s`: None for auto (from the lane's rate), else seconds."""
+        if self.stall_s is None or str(self.stall_s).strip().lower() == "auto":
+            return None
+        try:
+            return float(self.stall_s)
+        except ValueError:
+            raise InputError(
+                f"--stall-s takes auto or a number of seconds (got {self.stall_s!r})"
             ) from None
 
     def precision_share(self) -> float:
@@ -344,6 +361,7 @@ def probe_config(
         duration_s=duration,
         precision=lanes.precision_share(),
         sample_hz=lanes.sample_hz,
+        stall_s=lanes.stall_bound(),
         label=label,
         torchrun=rank is not None,
     )

@@ -40,7 +40,12 @@ class StoreBusy(Exception):
 class StoreFailed(Exception):
     """The store's file failed under a command: its disk is full, it cannot be read or written
     (an I/O error, the file removed), or it is damaged. A failure of the machine, not of the
-    user's input; the message is one line that says what to do."""
+    user's input; the message is one line that says what to do. `gone`: the file was removed,
+    and what was written to it with it."""
+
+    def __init__(self, message: str, gone: bool = False) -> None:
+        super().__init__(message)
+        self.gone = gone
 
 
 def store_failure(path: Path, error: sqlite3.Error) -> StoreFailed | None:
@@ -59,7 +64,7 @@ def store_failure(path: Path, error: sqlite3.Error) -> StoreFailed | None:
             f'`sqlite3 {path} ".recover" | sqlite3 recovered.db` and use that one (--db){kept}'
         )
     if "readonly database" in text and not path.exists():
-        return StoreFailed(f"the store {path} was removed while in use")
+        return StoreFailed(f"the store {path} was removed while in use", gone=True)
     return None
 
 
@@ -77,6 +82,7 @@ class _Connection(sqlite3.Connection):
 
     path = Path()
     read_only = False  # opened for reading only: this process cannot write the file
+    identity: tuple[int, int] | None = None  # the file's device and inode, as opened
 
     def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
         try:
@@ -102,6 +108,14 @@ class _Connection(sqlite3.Connection):
             self.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as error:
             raise self._refusal(error) from None
+        if self._identity() != self.identity:  # SQLite in WAL mode writes on into a removed file
+            with suppress(sqlite3.Error):
+                self.execute("ROLLBACK")
+            raise StoreFailed(
+                f"the store {self.path} was removed or replaced while in use: nothing more is "
+                "written to it",
+                gone=True,
+            )
         try:
             yield self
             self.execute("COMMIT")
@@ -111,6 +125,13 @@ class _Connection(sqlite3.Connection):
             if isinstance(error, sqlite3.Error):
                 raise self._refusal(error) from None
             raise
+
+    def _identity(self) -> tuple[int, int] | None:
+        try:
+            found = os.stat(self.path)
+        except OSError:
+            return None
+        return found.st_dev, found.st_ino
 
     def _refusal(self, error: sqlite3.Error) -> Exception:
         """What a write the store refused raises: StoreFailed (the machine failed it),
@@ -186,6 +207,7 @@ def _open(path: Path) -> _Connection:
     except BaseException:
         db.close()
         raise
+    db.identity = db._identity()
     return db
 
 

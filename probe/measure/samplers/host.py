@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import suppress
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -333,6 +335,48 @@ def host_facts() -> dict[str, Any]:
 def memory_bytes() -> int:
     """This host's memory, in bytes."""
     return int(psutil.virtual_memory().total)
+
+
+def _tree(pid: int) -> list[psutil.Process]:
+    """The process and its descendants (a lane, its DataLoader workers and their helpers)."""
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def process_states(pid: int) -> list[str]:
+    """Each process of the tree: its state, where in the kernel it sleeps (`wait_for_partner`: a
+    FIFO's open; `nfs_...`, `io_schedule`: a file system or disk), and its CPU time."""
+    states = []
+    for process in _tree(pid):
+        try:
+            status, cpu = process.status(), sum(process.cpu_times()[:2])
+            wchan = Path(f"/proc/{process.pid}/wchan").read_text().strip().split(".")[0]
+        except (psutil.Error, OSError):
+            continue
+        where = f" in {wchan}" if wchan not in ("", "0") else ""
+        role = "the lane" if process.pid == pid else "worker"
+        states.append(f"{role} {process.pid} {status}{where}, {cpu:.1f} s CPU")
+    return states
+
+
+def tree_cpu_s(pid: int) -> float:
+    """The CPU seconds the process and its descendants have used (user and system)."""
+    total = 0.0
+    for process in _tree(pid):
+        with suppress(psutil.Error):
+            total += sum(process.cpu_times()[:2])
+    return total
+
+
+def kill_tree(pid: int) -> None:
+    """Kills the process and its descendants: a worker stuck in the kernel outlives its
+    parent, and keeps what it holds."""
+    for process in _tree(pid):
+        with suppress(psutil.Error):
+            process.kill()
 
 
 def pid_alive(pid: int) -> bool:
