@@ -87,6 +87,23 @@ def test_a_full_disk_stops_the_run_in_one_line_and_keeps_its_batches(
     assert batches > 0
 
 
+def test_a_report_to_a_full_disk_fails_in_one_line_and_leaves_no_part_of_it(
+    photos: Path, tmp_path: Path, small_disk: Path
+) -> None:
+    db = tmp_path / "store.db"
+    made = probe_cli("run", "--data", photos, "--gpus", "none", "--db", db, "--batches", "8",
+                     "--batch-size", "4", "--workers", "0", "--image-size", "32")  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    (small_disk / "pad").write_bytes(b"\0" * (380 * 1024))
+    report = small_disk / "report.html"
+    result = probe_cli("report", "last", "--db", db, "-o", report)
+    assert result.returncode == 1, result.stderr
+    assert one_line_error(result.stderr) == (
+        f"error: cannot write {report}: No space left on device"
+    )
+    assert sorted(p.name for p in small_disk.iterdir()) == ["pad"]
+
+
 def test_a_damaged_store_is_refused_with_what_can_be_saved(photos: Path, tmp_path: Path) -> None:
     db = tmp_path / "store.db"
     made = probe_cli("run", "--data", photos, "--gpus", "none", "--db", db, "--batches", "8",

@@ -4,6 +4,7 @@ Each returns the command's exit code."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import socket
 from pathlib import Path
 
@@ -114,6 +115,9 @@ def report(db: Path | None, subject: str, form: str | None, output: Path | None)
     except OSError as error:
         with contextlib.suppress(OSError):  # a read-only file system refuses the cleanup too
             partial.unlink(missing_ok=True)
+        if error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EIO):  # the machine's, not yours
+            click.echo(f"error: cannot write {output}: {error.strerror}", err=True)
+            return EXIT_FAILED
         raise InputError(f"cannot write {output}: {error.strerror or error}") from None
     click.echo(f"wrote {output} ({form}, {len(text.encode()) / 1e6:.1f} MB)", err=True)
     return 0
