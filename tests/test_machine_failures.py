@@ -87,6 +87,28 @@ def test_a_full_disk_stops_the_run_in_one_line_and_keeps_its_batches(
     assert batches > 0
 
 
+WATCHED_LOOP = """
+import sys, time
+from probe import watch
+for n, _ in enumerate(watch(range(6000), db=sys.argv[1], sample_hz=50)):
+    time.sleep(0.002)
+print("the loop ended after", n + 1, "batches")
+"""
+
+
+def test_a_full_disk_under_watch_warns_once_and_the_loop_goes_on(small_disk: Path) -> None:
+    db = small_disk / "store.db"
+    loop = subprocess.run([sys.executable, "-c", WATCHED_LOOP, str(db)], capture_output=True,
+                          text=True, timeout=300, check=False)  # fmt: skip
+    assert loop.returncode == 0, loop.stderr
+    assert loop.stdout.strip() == "the loop ended after 6000 batches"
+    assert "Traceback" not in loop.stderr
+    assert loop.stderr.count("recording stopped: the disk of the store") == 1, loop.stderr
+    subprocess.run(["mount", "-o", "remount,size=8m", str(small_disk)], check=True)
+    [(_, status, batches)] = statuses(db)
+    assert status in ("failed", "interrupted") and batches > 0, "what was written is kept"
+
+
 def test_a_report_to_a_full_disk_fails_in_one_line_and_leaves_no_part_of_it(
     photos: Path, tmp_path: Path, small_disk: Path
 ) -> None:
