@@ -173,7 +173,7 @@ def test_a_report_that_cannot_be_written_ends_in_one_line(
     target = tmp_path / "report.html"
     status = main(["report", "last", "--db", str(filled_store["db"]), "-o", str(target)])
     err = capsys.readouterr().err
-    assert status == 2
+    assert status == (1 if code == errno.ENOSPC else 2)  # a full disk is the machine's failure
     assert err.strip() == f"error: cannot write {target}: {os.strerror(code)}"
 
 
