@@ -229,7 +229,7 @@ class Coordinator:
                 self.cpu_read[lane] = (now, used)
             if now - self.heard[lane] > bound:
                 process = self.lanes.processes[lane]
-                reason = stall_reason(self.live[lane], now - self.heard[lane], bound, process.pid)
+                reason = _stall_reason(self.live[lane], now - self.heard[lane], bound, process.pid)
                 kill_tree(process.pid)
                 self._close_lane(lane, RunStatus.FAILED, reason)
 
@@ -385,7 +385,7 @@ def _stage_figures(ended: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def stall_reason(live: LaneLive, quiet_s: float, bound_s: float, pid: int) -> str:
+def _stall_reason(live: LaneLive, quiet_s: float, bound_s: float, pid: int) -> str:
     """What a stalled lane was doing: its phase, its batches, and each of its processes' state
     and where in the kernel it sleeps (what it waits for), with its CPU time."""
     states = process_states(pid)

@@ -264,30 +264,19 @@ def throughput_timelines(series: RunSeries, phases: Sequence[Phase] = ()) -> go.
             row=1,
             col=1,
         )
-        figure.add_trace(
-            go.Scatter(
-                x=values(lane.t_s),
-                y=values(lane.latency_mean_ms),
-                name=lane.label,
-                line={"color": color},
-                legendgroup=lane.label,
-                showlegend=False,
-            ),
-            row=2,
-            col=1,
-        )
-        figure.add_trace(
-            go.Scatter(
-                x=values(lane.t_s),
-                y=values(lane.latency_max_ms),
-                name=lane.label,
-                line={"color": color, "dash": "dot"},
-                legendgroup=lane.label,
-                showlegend=False,
-            ),
-            row=2,
-            col=1,
-        )
+        for latency, dash in ((lane.latency_mean_ms, "solid"), (lane.latency_max_ms, "dot")):
+            figure.add_trace(
+                go.Scatter(
+                    x=values(lane.t_s),
+                    y=values(latency),
+                    name=lane.label,
+                    line={"color": color, "dash": dash},
+                    legendgroup=lane.label,
+                    showlegend=False,
+                ),
+                row=2,
+                col=1,
+            )
     _mark_phases(figure, phases, rows=2)
     figure.update_xaxes(title_text=TIME_AXIS, row=2, col=1)
     figure.update_xaxes(range=series.span_s)
