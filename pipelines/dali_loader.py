@@ -235,3 +235,12 @@ def _unreadable_reason(path: str) -> str:
     except OSError as error:
         return f"{type(error).__name__}: {error.strerror}"
     return "DALI could not read or decode it"
+
+
+def iterator_class() -> type:
+    """The base class of DALI's framework iterators (`DALIGenericIterator` and its kind), whose
+    `__iter__` `probe watch` wraps."""
+    from nvidia.dali.plugin.base_iterator import _DaliBaseIterator
+
+    base: type = _DaliBaseIterator
+    return base

@@ -4,7 +4,8 @@ dashboard reads). One room per step, imports going downward only:
 
     present/  ->  judge/  ->  measure/  ->  store/  ->  metrics.py, steady.py, records.py
 
-Imports `pipelines`; never `app`. `from probe import watch` records your own training loop.
+Imports `pipelines`; never `app`. `from probe import watch` records your own training loop, and
+`from probe import FeedscopeCallback` a Lightning Trainer's (the `lightning` extra).
 Importing `probe` itself imports nothing heavy: `watch` and `InputError` load when first asked
 for, so that the `probe` command can stop quietly at a Ctrl-C while it starts.
 """
@@ -15,9 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pipelines import InputError
+    from probe.measure.lightning import FeedscopeCallback
     from probe.measure.watch import watch
 
-__all__ = ["InputError", "watch"]
+__all__ = ["FeedscopeCallback", "InputError", "watch"]
 
 
 def __getattr__(name: str) -> Any:
@@ -25,6 +27,13 @@ def __getattr__(name: str) -> Any:
         from probe.measure.watch import watch
 
         return watch
+    if name == "FeedscopeCallback":
+        from probe.measure.live import require
+
+        require("lightning", "lightning", "FeedscopeCallback", "lightning")
+        from probe.measure.lightning import FeedscopeCallback
+
+        return FeedscopeCallback
     if name == "InputError":
         from pipelines import InputError
 

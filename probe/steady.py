@@ -397,3 +397,44 @@ def epoch_starts(events: Sequence[BatchEvent], opening: int) -> EpochStarts | No
         share=stall_total / seconds if seconds > 0 else 0.0,
         steady_images_per_s=images / steady_seconds if steady_seconds > 0 else 0.0,
     )
+
+
+class EpochStartTally:
+    """`epoch_starts`' rule as running totals, for figures read while a loop runs: each measured
+    epoch start costs its opening batches' wait beyond the mean wait, so far, of the measured
+    batches that open no epoch. An opening counts once it is over (its last batch taken)."""
+
+    def __init__(self, opening: int) -> None:
+        self.opening = max(1, opening)
+        self.starts = 0
+        self.stall_s = 0.0
+        self._epoch: int | None = None
+        self._in_epoch = 0  # batches of the current epoch so far
+        self._last_epoch = 0  # the batches of the last whole one
+        self._opening_waits: list[float] | None = None  # the measured start under way
+        self._rest = [0.0, 0]  # the wait and count of the batches that open no epoch
+
+    def add(self, event: BatchEvent) -> None:
+        if self._epoch is not None and event.epoch != self._epoch:
+            self._close()
+            self._last_epoch, self._in_epoch = self._in_epoch, 0
+            if not event.warmup:
+                self.starts += 1
+                self._opening_waits = []
+        self._epoch = event.epoch
+        window = max(1, min(self.opening, self._last_epoch // 2))
+        if self._opening_waits is not None and self._in_epoch < window:
+            self._opening_waits.append(event.wait_s)
+        else:
+            self._close()
+            if not event.warmup:
+                self._rest[0] += event.wait_s
+                self._rest[1] += 1
+        self._in_epoch += 1
+
+    def _close(self) -> None:
+        if self._opening_waits:
+            steady = self._rest[0] / self._rest[1] if self._rest[1] else 0.0
+            waits = self._opening_waits
+            self.stall_s += max(0.0, sum(waits) - len(waits) * steady)
+        self._opening_waits = None

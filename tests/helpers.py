@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -52,11 +53,14 @@ HOSTILE_FOLDER = ("<script>window.pwned=1<", "script>")
 HOSTILE_LABEL = '<img src=x onerror="window.pwned=2">'
 
 
-def probe_cli(*args: Any, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    """`python -m probe ARGS`, its output captured."""
+def probe_cli(
+    *args: Any, timeout: float = 600, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`python -m probe ARGS`, its output captured; `env` added to this process's."""
     return subprocess.run(
         [sys.executable, "-m", "probe", *map(str, args)],
         capture_output=True, text=True, timeout=timeout, check=False,
+        env=None if env is None else {**os.environ, **env},
     )  # fmt: skip
 
 

@@ -266,7 +266,7 @@ def parsed(monkeypatch: pytest.MonkeyPatch, words: list[str]) -> ProbeConfig:
     seen: list[ProbeConfig] = []
 
     def run(pipeline: Any, lanes: Any, as_json: bool, db: Any, backend: Any, batches: Any,
-            duration: Any, label: Any, no_gather: bool) -> int:  # fmt: skip
+            duration: Any, label: Any, no_gather: bool, metrics_port: Any) -> int:  # fmt: skip
         seen.append(options.probe_config(pipeline, lanes, backend, batches, duration, label))
         return 0
 

@@ -43,6 +43,10 @@ FENCES: dict[str, tuple[str, ...]] = {
     "rich": ("probe.present.console", "probe.present.terminal"),
     "nvidia.dali": ("pipelines.dali_loader",),
     "streamlit": ("app.*",),
+    "prometheus_client": ("probe.measure.prometheus",),
+    "tensorboard": ("probe.measure.tensorboard",),
+    "torch.utils.tensorboard": ("probe.measure.tensorboard",),
+    "lightning": ("probe.measure.lightning",),
 }
 
 

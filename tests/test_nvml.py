@@ -30,6 +30,7 @@ def hopper(utilization: int = 62, **changes: Any) -> dict[str, Any]:
         "nvmlDeviceGetPowerUsage": 412_000,
         "nvmlDeviceGetCurrentClocksEventReasons": 0,
         "nvmlDeviceGetName": "NVIDIA H200",
+        "nvmlDeviceGetIndex": 0,
         "nvmlGpmQueryDeviceSupport": SimpleNamespace(isSupportedDevice=1),
         "gpm": dict(GPM_VALUES),
     }
@@ -51,6 +52,7 @@ class FakeNvml:
             "nvmlDeviceGetPowerUsage",
             "nvmlDeviceGetCurrentClocksEventReasons",
             "nvmlDeviceGetName",
+            "nvmlDeviceGetIndex",
             "nvmlGpmQueryDeviceSupport",
         ):
             monkeypatch.setattr(pynvml, name, self._answer(name))

@@ -14,6 +14,7 @@ from probe.steady import (
     FEW_BLOCKS,
     MIN_BLOCKS,
     MIN_JUDGED_BLOCKS,
+    EpochStartTally,
     Estimate,
     Warmup,
     above,
@@ -273,3 +274,25 @@ def test_runs_of_one_setting_pool_to_their_mean() -> None:
     assert both.error == pytest.approx(math.hypot(4.0, 3.0) / 2)
     assert both.blocks == 22
     assert pooled([Estimate(100.0, None, 1), Estimate(90.0, 1.0, 10)]).error is None
+
+
+@pytest.mark.parametrize("per_epoch, opening", [(10, 2), (10, 8), (3, 4)])
+def test_the_running_tally_of_epoch_starts_matches_the_rule(per_epoch: int, opening: int) -> None:
+    """The Prometheus and TensorBoard figure (`EpochStartTally`) is `epoch_starts`' rule kept as
+    a running total: on a loop whose steady batches wait alike, the two agree exactly."""
+    events: list[BatchEvent] = []
+    window = max(1, min(opening, per_epoch // 2))  # the batches that open an epoch
+    for epoch in range(4):
+        for n in range(per_epoch):
+            wait = 0.3 / (n + 1) if n < window else 0.01
+            index = len(events)
+            warmup = epoch == 0 and n < window  # the job's start, warm-up
+            events.append(BatchEvent(0, index, index * 10**8, wait, 0.05, 8, warmup, epoch))
+    found = epoch_starts(events, opening)
+    assert found is not None
+    tally = EpochStartTally(opening)
+    for event in events:
+        tally.add(event)
+    tally.add(BatchEvent(0, len(events), 0, 0.01, 0.05, 8, False, 4))  # closes the last opening
+    assert tally.starts == found.starts + 1
+    assert tally.stall_s == pytest.approx(found.stall_s * found.starts, rel=1e-9)

@@ -105,6 +105,7 @@ class ProbeConfig:
     stall_s: float | None = None  # a lane silent this long is stopped; None: from its rate
     label: str | None = None
     torchrun: bool = False  # one rank's lane of a run launched by torchrun
+    metrics_port: int | None = None  # the lanes' figures for Prometheus (+ LOCAL_RANK)
 
     def __post_init__(self) -> None:
         if not self.lanes:

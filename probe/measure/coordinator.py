@@ -9,6 +9,8 @@ a reason that names the lock; it is never `completed` with rows missing.
 
 from __future__ import annotations
 
+import logging
+import os
 import queue
 import time
 from collections import deque
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from probe.measure.config import Checked, LanePlan, ProbeConfig, batch_sizes
 from probe.measure.lane import Measure
+from probe.measure.live import Labels, Live, nvml_index, start_live
 from probe.measure.recorder import Drained, Recorder
 from probe.measure.samplers.host import kill_tree, process_states, tree_cpu_s
 from probe.measure.unwritten import WRITE_WAIT_S, Unwritten, patiently
@@ -33,6 +36,7 @@ from probe.store.documents import lane_figures_from_store
 if TYPE_CHECKING:
     from probe.measure.runner import Lanes
 
+logger = logging.getLogger(__name__)
 STOP_GRACE_S = 20.0  # how long stopping lanes may take before they are terminated
 WRITE_EVERY_S = 0.5
 # A silent lane whose processes used this share of a core since the last reading (one every few
@@ -130,6 +134,7 @@ class Coordinator:
         self.slowest_gap: dict[int, float] = {}  # its longest wait between batches so far
         self.job = 0
         self.bad_input: list[str] = []  # lanes that failed on the user's input
+        self.figures = _served(config, run, recorder)  # for Prometheus: --metrics-port
 
     def run(self) -> None:
         lanes = self.lanes
@@ -245,6 +250,8 @@ class Coordinator:
         self.heard[lane] = now
         if kind in ("batches", "rewarm"):  # rewarm: written again, the store replaces them
             self.pending.extend(payload)
+            if kind == "batches" and lane in self.figures:
+                self.figures[lane].add(payload)
             (live.got if kind == "batches" else live.rewarm)(payload)
         elif kind == "ready":  # from its spawning: the interpreter, torch, CUDA, the consumer
             self.lanes.ready(lane)
@@ -280,7 +287,10 @@ class Coordinator:
     def write(self, recorder: Recorder | None) -> None:
         """Writes what lanes and samplers produced since the last write, and what earlier
         writes could not (the store was locked); notes when the store is lost to the run."""
-        self.unwritten.add(self.pending, recorder.drain() if recorder is not None else None)
+        drained = recorder.drain() if recorder is not None else None
+        for figures in self.figures.values():
+            figures.add((), drained.lanes if drained is not None else ())
+        self.unwritten.add(self.pending, drained)
         self.pending = []
         if self.unwritten.flush(self._add_rows) and self.store_lost is None:
             self.store_lost = self.unwritten.lost_reason(self.store)
@@ -368,6 +378,30 @@ class Coordinator:
         ended_ns = time.monotonic_ns()
         patiently(partial(self.store.finish_run, run_id, run_status, run_reason, ended_ns), since)
         self.store.busy_timeout()
+
+
+def _served(config: ProbeConfig, run: RunRecord, recorder: Recorder | None) -> dict[int, Live]:
+    """Each lane's running totals, served for Prometheus on `--metrics-port` (under torchrun,
+    on the port plus LOCAL_RANK); none without the option. A window a lane later moves into
+    its warm-up stays counted: a counter does not go back."""
+    if config.metrics_port is None:
+        return {}
+    local = int(os.environ.get("LOCAL_RANK", "0")) if config.torchrun else 0
+    gpus = recorder.gpus if recorder is not None else None
+    served = {}
+    for plan in config.lanes:
+        labels = Labels(
+            run.label or run.run_id, plan.lane, local if config.torchrun else plan.lane,
+            run.hostname, nvml_index(plan.device, gpus),
+            "" if plan.device is None else plan.device.uuid,
+        )  # fmt: skip
+        try:
+            served[plan.lane] = start_live(labels, run, config.metrics_port + local)
+        except OSError as error:
+            logger.warning("no metrics endpoint on port %s: %s", config.metrics_port + local,
+                           error.strerror or error)  # fmt: skip
+            return {}
+    return served
 
 
 def _stage_figures(ended: dict[str, Any]) -> dict[str, Any]:

@@ -37,13 +37,14 @@ import warnings
 import weakref
 from collections import deque
 from collections.abc import Iterable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pipelines import InputError
 from probe.measure.devices import CudaDevice, cuda_devices, device_sync, loop_device
+from probe.measure.live import Labels, Live, nvml_index, require, start_live
 from probe.measure.recorder import Drained, Recorder
 from probe.measure.timer import BatchTimer
 from probe.measure.unwritten import WRITE_WAIT_S, Unwritten, patiently
@@ -51,6 +52,9 @@ from probe.records import BatchEvent, LaneRecord, RunExport, RunRecord, RunStatu
 from probe.steady import Warmup
 from probe.store.db import Store
 from probe.store.merge import add_rows, clock_shift, import_run, settle_run
+
+if TYPE_CHECKING:
+    from probe.measure.tensorboard import TensorBoard
 
 T = TypeVar("T")
 WRITE_EVERY_S = 0.5
@@ -65,6 +69,9 @@ def watch(
     db: Path | str | None = None,
     sample_hz: float = 10.0,
     warmup: int | str = 5,
+    metrics_port: int | None = None,
+    tensorboard: str | Path | Any | None = None,
+    tensorboard_every: int = 100,
 ) -> Watched[T]:
     """Yields what `iterable` yields, recording how long each item took to get and to use.
 
@@ -79,8 +86,42 @@ def watch(
         sample_hz: GPU and host samples per second (0: none).
         warmup: the job's first batches, recorded but left out of every figure (workers
             starting, cuDNN choosing its algorithms), once; or "auto": until the rate settles.
+        metrics_port: serve the figures on this port's `/metrics` for Prometheus (under
+            torchrun, each rank on `metrics_port + LOCAL_RANK`); needs the `prometheus` extra.
+        tensorboard: a folder, or your SummaryWriter, to write the figures to as scalars every
+            `tensorboard_every` measured batches; needs the `tensorboard` extra.
+
+    Raises:
+        InputError: an extra these options need is not installed, or an option is out of range.
     """
-    return Watched(iterable, name, db, sample_hz, warmup)
+    outlets = Outlets.checked(metrics_port, tensorboard, tensorboard_every)
+    return Watched(iterable, name, db, sample_hz, warmup, outlets)
+
+
+@dataclass(frozen=True)
+class Outlets:
+    """Where a watched loop's figures go besides the store: a Prometheus endpoint's port,
+    TensorBoard (a folder or a SummaryWriter) and how often it gets a point."""
+
+    metrics_port: int | None = None
+    tensorboard: str | Path | Any | None = None
+    tensorboard_every: int = 100
+
+    @classmethod
+    def checked(cls, port: int | None, board: str | Path | Any | None, every: int) -> Outlets:
+        if port is not None:
+            if not 0 < port < 65536:
+                raise InputError(f"metrics_port {port}: a port is 1 to 65535")
+            require("prometheus_client", "prometheus-client", "the Prometheus endpoint",
+                    "prometheus")  # fmt: skip
+        if board is not None:
+            if every < 1:
+                raise InputError(f"tensorboard_every {every}: write every 1 batch or more")
+            require("tensorboard", "tensorboard", "writing to TensorBoard", "tensorboard")
+        return cls(port, board, every)
+
+    def __bool__(self) -> bool:
+        return self.metrics_port is not None or self.tensorboard is not None
 
 
 class Watched(Generic[T]):
@@ -88,16 +129,22 @@ class Watched(Generic[T]):
 
     def __init__(
         self, iterable: Iterable[T], name: str | None, db: Path | str | None, sample_hz: float,
-        warmup: int | str,
+        warmup: int | str, outlets: Outlets | None = None,
     ) -> None:  # fmt: skip
         self.iterable, self.name, self.db = iterable, name, db
         self.sample_hz, self.warmup = sample_hz, warmup
+        self.outlets = outlets or Outlets()
         self._recording: _Recording | None = None
         self._started = False
         self._epoch = -1
         self._active = [False]  # a `for` is under way (read by the run's end at exit)
         fixed = None if str(warmup) == "auto" else int(warmup)
         self._warmup = Warmup(fixed, _workers(iterable), by_epoch=True)
+
+    @property
+    def run_id(self) -> str | None:
+        """The run it records into, once iterated (None before, or where it cannot record)."""
+        return None if self._recording is None else self._recording.run.run_id
 
     def __len__(self) -> int:
         return len(self.iterable)  # type: ignore[arg-type]
@@ -113,15 +160,19 @@ class Watched(Generic[T]):
         if self._recording is not None:
             self._recording.finish(status, reason)
 
-    def __iter__(self) -> Iterator[T]:
+    def _start(self) -> _Recording | None:
+        """The recording, started at the first call (None where it cannot record)."""
         if not self._started:
             self._started = True
             self._recording = _Recording.start(self)
             if self._recording is not None:  # ends the run when this object goes
                 weakref.finalize(self, self._recording.finish_quietly, self._active)
-        recording = self._recording
+        return self._recording
+
+    def __iter__(self) -> Iterator[T]:
+        recording = self._start()
         if recording is None or recording.ended:
-            yield from self.iterable
+            yield from unwatched(self.iterable)
             return
         self._epoch += 1
         events, timer, epoch = recording.events, recording.timer(), self._epoch
@@ -129,7 +180,7 @@ class Watched(Generic[T]):
         self._active[0] = True
         timer.ask()  # before iter(): a DataLoader starts, or resumes, its workers there
         try:
-            source = iter(self.iterable)
+            source = unwatched(self.iterable)
             while True:
                 try:
                     batch = next(source)
@@ -155,6 +206,69 @@ class Watched(Generic[T]):
 
     def _warm(self, event: BatchEvent) -> BatchEvent:
         return replace(event, warmup=True) if self._warmup.warming(event) else event
+
+
+class Hooked:
+    """A watched loop driven by a framework's hooks instead of a `for` (Lightning's
+    `probe.measure.lightning`): each batch's wait runs from the end of the last step, or the
+    epoch's start, to the batch's start; its step from there to its end."""
+
+    def __init__(self, watched: Watched[Any]) -> None:
+        self.watched = watched
+        self._timer: BatchTimer | None = None
+        self._size: int | None = None
+
+    def epoch_start(self) -> None:
+        recording = self.watched._start()
+        if recording is None or recording.ended:
+            self._timer = None
+            return
+        self.watched._epoch += 1
+        self.watched._active[0] = True
+        self._timer = recording.timer()
+        self._timer.ask()
+
+    def resume(self) -> None:
+        """The loop goes back to its batches (after a validation): the wait starts now."""
+        if self._timer is not None:
+            self._timer.ask()
+
+    def batch_start(self, batch: Any) -> None:
+        if self._timer is not None:
+            self._timer.got()
+            self._size = batch_size(batch)
+
+    def batch_end(self) -> None:
+        recording, timer = self.watched._recording, self._timer
+        if timer is None or self._size is None or recording is None:
+            return
+        if not recording.ended:
+            event = timer.done(self._size, self.watched._epoch)
+            recording.events.append(self.watched._warm(event))
+        self._size = None
+        timer.ask(timer.done_ns)
+
+    def epoch_end(self) -> None:
+        self._timer = None
+        self.watched._active[0] = False
+
+
+_inside = threading.local()  # a watched loader's own `iter()` is under way in this thread
+
+
+def unwatched(iterable: Iterable[T]) -> Iterator[T]:
+    """`iter(iterable)`, known to be a watched loader's own: `probe watch`, which watches every
+    loader a script iterates, leaves it to the `watch` already around it."""
+    _inside.on = True
+    try:
+        return iter(iterable)
+    finally:
+        _inside.on = False
+
+
+def iterated_by_watch() -> bool:
+    """Whether this thread is in a watched loader's own `iter()` (`unwatched`)."""
+    return bool(getattr(_inside, "on", False))
 
 
 def _workers(iterable: Any) -> int | None:
@@ -190,6 +304,8 @@ class _Recording:
         self.events: deque[BatchEvent] = deque()  # appended by the loop, taken by the writer
         self.gpus = gpus
         self.recorder: Recorder | None = None
+        self.live: Live | None = None  # the figures for Prometheus and TensorBoard
+        self.board: TensorBoard | None = None
         self._done = threading.Event()
         self._ended: tuple[RunStatus, str | None] | None = None
         self.ended = False
@@ -260,6 +376,12 @@ class _Recording:
             shift = 0 if here.hostname == hostname else clock_shift(here.host, run.host)
             path = store.path
         recording = cls(path, run, lane, shift, gpus)
+        if watched.outlets:
+            labels = Labels(
+                watched.name or run_id, lane, rank.local_rank if rank is not None else 0,
+                hostname, nvml_index(device, gpus), "" if device is None else device.uuid,
+            )  # fmt: skip
+            recording.open_outlets(watched.outlets, labels, run)
         if watched.sample_hz > 0:
             # Under torchrun the node's ranks are the launcher's children: all of them are the
             # job's, not the host's other load.
@@ -270,6 +392,22 @@ class _Recording:
         recording._thread.start()
         atexit.register(recording.finish_quietly, watched._active)
         return recording
+
+    def open_outlets(self, outlets: Outlets, labels: Labels, run: RunRecord) -> None:
+        """The Prometheus endpoint and TensorBoard, fed by the writer thread from now on; an
+        endpoint whose port cannot be had is warned of, and training goes on without it."""
+        from probe.measure.tensorboard import TensorBoard
+
+        port = None if outlets.metrics_port is None else outlets.metrics_port + labels.local_rank
+        try:
+            live = start_live(labels, run, port)
+        except OSError as error:
+            _warn_once(f"no metrics endpoint on port {port}: {error.strerror or error}")
+            live = start_live(labels, run, None)
+        if outlets.tensorboard is not None:
+            self.board = TensorBoard(outlets.tensorboard, outlets.tensorboard_every)
+            live.listeners.append(self.board)
+        self.live = live
 
     def timer(self) -> BatchTimer:
         """A timer for one `for` over the loader, numbering on from the others."""
@@ -308,6 +446,8 @@ class _Recording:
                     self.gpus.close()
                 while not lost and not self._write(store, unwritten) and unwritten.blocked_since:
                     time.sleep(max(0.0, unwritten.retry_at - time.monotonic()))
+                if self.board is not None:
+                    self.board.close()
                 status, reason = self._ended or (RunStatus.INTERRUPTED, None)
                 if lost or unwritten.unfinished():
                     self.ended = True  # the loop goes on unrecorded
@@ -326,7 +466,14 @@ class _Recording:
         """Writes what the loop and the samplers produced since the last write, with what
         earlier writes could not; returns whether the store is lost to the recording."""
         events = [self.events.popleft() for _ in range(len(self.events))]
-        unwritten.add(events, self.recorder.drain() if self.recorder is not None else None)
+        drained = self.recorder.drain() if self.recorder is not None else None
+        if self.live is not None:
+            try:
+                self.live.add(events, drained.lanes if drained is not None else ())
+            except Exception as error:  # TensorBoard's folder gone: the store goes on
+                self.live = None
+                _warn_once(f"figures no longer written out: {error}")
+        unwritten.add(events, drained)
 
         def write(batches: list[BatchEvent], drained: Drained) -> None:
             export = RunExport(self.run, [], batches, drained.gpu,

@@ -214,6 +214,13 @@ def bench(
 @click.option("--no-gather", is_flag=True,
               help="Under torchrun: each rank adds its lane to its own --db (a store per node, "
                    "joined later by probe merge) instead of sending it to rank 0.")  # fmt: skip
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="Serve the lanes' figures on this port's /metrics for Prometheus (under "
+    "torchrun, each rank on PORT + LOCAL_RANK); needs the prometheus extra.",
+)
 def run(
     pipeline: PipelineArgs,
     lanes: LaneArgs,
@@ -224,6 +231,7 @@ def run(
     duration: float | None,
     label: str | None,
     no_gather: bool,
+    metrics_port: int | None,
 ) -> int:
     """Run a pipeline on the chosen GPUs and shards, sample the hardware, and record it all.
 
@@ -234,7 +242,7 @@ def run(
     and reads shard RANK of WORLD_SIZE; rank 0 records the run with every rank's lane.
     """
     return measuring.run(pipeline, lanes, as_json, db, Backend(backend), batches, duration,
-                         label, no_gather)  # fmt: skip
+                         label, no_gather, metrics_port)  # fmt: skip
 
 
 @cli.command()
@@ -354,6 +362,52 @@ def check(db: Path | None, run_id: str, max_data_wait: str | None,
     every threshold given, 1 when one misses (each miss printed) or the run did not complete."""
     return stored.check(db, run_id, max_data_wait, min_images_per_s, max_batch_latency_p99_ms,
                         as_json)  # fmt: skip
+
+
+@cli.command()
+def grafana() -> None:
+    """Print the Grafana dashboard (JSON) for the figures `--metrics-port` serves: data-wait per
+    rank against DCGM's SM activity, images/s, epoch-start stalls, and the jobs starving now.
+
+    probe grafana > feedscope.json, then in Grafana: Dashboards > New > Import."""
+    from importlib.resources import files
+
+    dashboard = files("probe.present").joinpath("assets/grafana-dashboard.json")
+    click.echo(dashboard.read_text(encoding="utf-8"), nl=False)
+
+
+@cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@_store_option
+@click.option("--name", default=None,
+              help="The runs' name.  [default: the script's file name]")  # fmt: skip
+@click.option("--warmup", default="5", show_default=True,
+              help="Each loader's first batches, left out of every figure; or 'auto'.")  # fmt: skip
+@click.option("--sample-hz", default=10.0, show_default=True, type=click.FloatRange(min=0),
+              help="GPU and host samples per second (0: none).")  # fmt: skip
+@click.option("--metrics-port", type=click.IntRange(1, 65535), default=None,
+              help="Serve the figures on this port's /metrics for Prometheus (under torchrun, "
+                   "each rank on PORT + LOCAL_RANK); needs the prometheus extra.")  # fmt: skip
+@click.option(
+    "--tensorboard",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Write the figures to this TensorBoard folder; needs the tensorboard extra.",
+)
+@click.option("--tensorboard-every", default=100, show_default=True, type=click.IntRange(min=1),
+              help="A TensorBoard point every this many batches.")  # fmt: skip
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
+def watch(db: Path | None, name: str | None, warmup: str, sample_hz: float,
+          metrics_port: int | None, tensorboard: Path | None, tensorboard_every: int,
+          command: tuple[str, ...]) -> int:  # fmt: skip
+    """Run a training script unchanged and watch every DataLoader and DALI iterator it
+    iterates, as `watch()` in its code would:
+
+        probe watch -- python train.py ARGS
+
+    Under torchrun: torchrun ... -m probe watch -- train.py ARGS. Each loader is a run named
+    after the script. Exits with the script's exit code."""
+    return measuring.watch_script(command, db, name, warmup, sample_hz, metrics_port,
+                                  tensorboard, tensorboard_every)  # fmt: skip
 
 
 @cli.command()

@@ -153,18 +153,22 @@ def run(
     duration: float | None,
     label: str | None,
     no_gather: bool,
+    metrics_port: int | None = None,
 ) -> int:
     """`probe run`: here, or as one rank of a torchrun launch."""
     from probe.measure.distributed import torchrun_rank
     from probe.measure.runner import run_probe
 
     rank = torchrun_rank()
+    if metrics_port is not None:
+        _check_port(metrics_port + (rank.local_rank if rank is not None else 0))
     if rank is not None:
         return _run_ranked(rank, pipeline, lanes, as_json, db, backend, batches, duration, label,
-                           gather=not no_gather)  # fmt: skip
+                           gather=not no_gather, metrics_port=metrics_port)  # fmt: skip
     if no_gather:
         raise InputError("--no-gather is for runs under torchrun")
     config, store = prepare(pipeline, lanes, db, backend, batches, duration, label)
+    config = replace(config, metrics_port=metrics_port)
     console.announce(config, bool(lanes.gpus), store)
     stop = threading.Event()
     with console.stopping_on_signals(stop), console.live_lanes() as update:
@@ -204,6 +208,7 @@ def _run_ranked(
     duration: float | None,
     label: str | None,
     gather: bool,
+    metrics_port: int | None = None,
 ) -> int:
     """`probe run` as one rank of a torchrun launch."""
     from probe.measure import distributed
@@ -236,6 +241,7 @@ def _run_ranked(
             first = next(e for e in errors if e)
             raise InputError(first if rank.rank == 0 else f"rank {errors.index(first)}: {first}")
         config, store = prepared
+        config = replace(config, metrics_port=metrics_port)
         if rank.rank == 0:
             console.announce(config, bool(lanes.gpus), store)
         run_id = distributed.shared_run_id(rank, new_run_id)
@@ -384,3 +390,47 @@ def _int_list(text: str, option: str) -> list[int]:
     if not values or min(values) < 0:
         raise InputError(f"{option} takes whole numbers >= 0 like 2,4,8 (got {text!r})")
     return values
+
+
+def _check_port(port: int) -> None:
+    """Refuses, before anything starts, a --metrics-port this machine will not give (taken,
+    or privileged), and a missing prometheus extra."""
+    import socket
+
+    from probe.measure.live import require
+
+    require("prometheus_client", "prometheus-client", "--metrics-port", "prometheus")
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the endpoint binds it
+        try:
+            sock.bind(("", port))
+        except OSError as error:
+            raise InputError(f"--metrics-port: port {port}: {error.strerror or error}") from None
+
+
+def watch_script(command: Sequence[str], db: Path | None, name: str | None, warmup: str,
+                 sample_hz: float, metrics_port: int | None, tensorboard: Path | None,
+                 tensorboard_every: int) -> int:  # fmt: skip
+    """`probe watch -- SCRIPT ARGS`: runs the script with its loaders watched; its exit code.
+    Bad options or a missing script are refused before it starts."""
+    from probe.measure.autowatch import Script, Watching, run_script
+    from probe.measure.watch import Outlets
+
+    if warmup != "auto" and not warmup.isdigit():
+        raise InputError(f"--warmup {warmup}: a number of batches, or auto")
+    script = Script.of(command)
+    outlets = Outlets.checked(metrics_port, tensorboard, tensorboard_every)
+    if metrics_port is not None:
+        from probe.measure.distributed import torchrun_rank
+
+        rank = torchrun_rank()
+        _check_port(metrics_port + (rank.local_rank if rank is not None else 0))
+    options = {"name": name, "db": db, "sample_hz": sample_hz,
+               "warmup": warmup if warmup == "auto" else int(warmup)}  # fmt: skip
+    watching = Watching(script, options, outlets)
+    code = run_script(script, watching)
+    for watched in watching.watched:
+        if watched.run_id is not None:
+            console.err.print(f"feedscope: {watched.name}: run {watched.run_id} "
+                              f"(probe show {watched.run_id})")  # fmt: skip
+    return code

@@ -1,7 +1,8 @@
 """Benchmark: what `watch` costs a training loop.
 
-Two measurements, each in interleaved rounds (plain, watched, watched without samplers, in a
-different order each round) and printed as a table of medians:
+Two measurements, each in interleaved rounds (plain, watched, watched without samplers, watched
+with the Prometheus endpoint and TensorBoard on, in a different order each round) and printed
+as a table of medians:
 
 - per batch: a loop over ready-made batches with an empty step, plain and watched; the watched
   loop's extra time divided by its batches is what recording one batch costs;
@@ -15,6 +16,7 @@ different order each round) and printed as a table of medians:
 from __future__ import annotations
 
 import argparse
+import socket
 import statistics
 import tempfile
 import time
@@ -49,6 +51,12 @@ def for_seconds(batches: Iterable[Any], seconds: float) -> Iterator[Any]:
             yield batch
 
 
+def free_port() -> int:
+    with socket.socket() as probe_socket:
+        probe_socket.bind(("127.0.0.1", 0))
+        return int(probe_socket.getsockname()[1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -63,15 +71,19 @@ def main() -> None:
     spec = PipelineSpec(ensure_default_dataset(), 64, dataloader=DataLoaderOptions(num_workers=2))
     with tempfile.TemporaryDirectory() as scratch:
         db = Path(scratch) / "watch.db"
+        port = free_port()
         ways: dict[str, Callable[[Iterable[Any]], Iterable[Any]]] = {
             "plain": lambda it: it,
             "watched, 10 Hz samplers": lambda it: watch(it, db=db),
             "watched, no samplers": lambda it: watch(it, db=db, sample_hz=0),
+            "watched, endpoint + TensorBoard": lambda it: watch(
+                it, db=db, metrics_port=port, tensorboard=Path(scratch) / "tb"
+            ),
         }
         list(watch(range(10), db=db))  # imports and first-use costs, paid once per process
         for round_ in range(args.rounds):
             order = list(ways.items())
-            order = order[round_ % 3 :] + order[: round_ % 3]
+            order = order[round_ % len(order) :] + order[: round_ % len(order)]
             for name, wrap in order:
                 seconds, count = timed_loop(wrap(ready), lambda: None)
                 per_batch.setdefault(name, []).append(seconds / count)
@@ -99,7 +111,7 @@ def main() -> None:
         )  # fmt: skip
     Console(width=120).print(table)
     spread = " / ".join(f"{min(v):,.0f}-{max(v):,.0f}" for v in rate.values())
-    print(f"images/s ranges over rounds (plain / 10 Hz / none): {spread}")
+    print(f"images/s ranges over rounds ({' / '.join(rate)}): {spread}")
 
 
 if __name__ == "__main__":

@@ -117,6 +117,7 @@ class GpuInfo:
     uuid: str
     name: str | None
     memory_total_mib: float | None
+    index: int | None = None  # NVML's index, which DCGM's exporter labels `gpu`
 
 
 class GpuSampler:
@@ -150,10 +151,12 @@ class GpuSampler:
             return GpuInfo(uuid, None, None)
         name = self.nvml.query("nvmlDeviceGetName", handle, device=uuid, metric="name")
         memory = self.nvml.query("nvmlDeviceGetMemoryInfo", handle, device=uuid, metric="memory")
+        index = self.nvml.query("nvmlDeviceGetIndex", handle, device=uuid, metric="index")
         return GpuInfo(
             uuid,
             name.decode() if isinstance(name, bytes) else name,
             None if memory is None else memory.total / 2**20,
+            index if isinstance(index, int) else None,
         )
 
     def driver_version(self) -> str | None:
