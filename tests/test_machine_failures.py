@@ -105,6 +105,10 @@ def test_a_full_disk_under_watch_warns_once_and_the_loop_goes_on(small_disk: Pat
     assert "Traceback" not in loop.stderr
     assert loop.stderr.count("recording stopped: the disk of the store") == 1, loop.stderr
     subprocess.run(["mount", "-o", "remount,size=8m", str(small_disk)], check=True)
+    # Where the disk filled decides whether the run's end could still be written: if not, the
+    # run is marked interrupted when the store is next read (its process is gone), as here.
+    listing = probe_cli("runs", "--db", db)
+    assert listing.returncode == 0, listing.stderr
     [(_, status, batches)] = statuses(db)
     assert status in ("failed", "interrupted") and batches > 0, "what was written is kept"
 
