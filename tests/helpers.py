@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -62,6 +63,13 @@ def probe_cli(
         capture_output=True, text=True, timeout=timeout, check=False,
         env=None if env is None else {**os.environ, **env},
     )  # fmt: skip
+
+
+def free_port() -> int:
+    """A TCP port no one listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 CHROMIUM_ARGS = [

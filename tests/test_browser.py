@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -25,7 +24,7 @@ from urllib.parse import urlsplit
 import psutil
 import pytest
 
-from helpers import CHROMIUM_ARGS, chromium, probe_cli
+from helpers import CHROMIUM_ARGS, chromium, free_port, probe_cli
 from probe.judge.changes import Recommendation
 from probe.judge.results import read_session
 from probe.judge.verdicts import Verdict
@@ -40,12 +39,6 @@ ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / ".artifacts"
 CHROMIUM, MISSING = chromium()
 pytestmark = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

@@ -29,7 +29,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from helpers import probe_cli, write_jpeg
+from helpers import free_port, probe_cli, write_jpeg
 from pipelines import InputError
 from probe import watch
 from probe.records import RunStatus
@@ -40,12 +40,6 @@ ROOT = Path(__file__).resolve().parents[1]
 IMAGENET_SHAPED = ROOT / "tests" / "data" / "imagenet_shaped" / "main.py"
 DASHBOARD = ROOT / "probe" / "present" / "assets" / "grafana-dashboard.json"
 WAIT_S, STEP_S = 0.02, 0.03  # the scraped loop's: data-wait 40%
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def run_events(db: Path, run_id: str) -> list[Any]:

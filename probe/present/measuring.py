@@ -161,6 +161,9 @@ def run(
 
     rank = torchrun_rank()
     if metrics_port is not None:
+        from probe.measure.live import require
+
+        require("prometheus_client", "prometheus-client", "--metrics-port", "prometheus")
         _check_port(metrics_port + (rank.local_rank if rank is not None else 0))
     if rank is not None:
         return _run_ranked(rank, pipeline, lanes, as_json, db, backend, batches, duration, label,
@@ -394,12 +397,9 @@ def _int_list(text: str, option: str) -> list[int]:
 
 def _check_port(port: int) -> None:
     """Refuses, before anything starts, a --metrics-port this machine will not give (taken,
-    or privileged), and a missing prometheus extra."""
+    or privileged)."""
     import socket
 
-    from probe.measure.live import require
-
-    require("prometheus_client", "prometheus-client", "--metrics-port", "prometheus")
     with socket.socket() as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the endpoint binds it
         try:

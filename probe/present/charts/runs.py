@@ -395,24 +395,16 @@ def latency_histogram(histogram: LatencyHistogram) -> go.Figure:
 
 def _band(band: Band, name: str, color: str, group: str, legend: bool) -> list[go.Scatter]:
     """A downsampled series: the min-max envelope, shaded, and the mean."""
+    edge: dict[str, Any] = {"line": {"width": 0}, "hoverinfo": "skip", "showlegend": False,
+                            "legendgroup": group}  # fmt: skip
     return [
-        go.Scatter(
-            x=values(band.t_s),
-            y=values(band.high),
-            line={"width": 0},
-            hoverinfo="skip",
-            showlegend=False,
-            legendgroup=group,
-        ),
+        go.Scatter(x=values(band.t_s), y=values(band.high), **edge),
         go.Scatter(
             x=values(band.t_s),
             y=values(band.low),
-            line={"width": 0},
             fill="tonexty",
             fillcolor=_translucent(color),
-            hoverinfo="skip",
-            showlegend=False,
-            legendgroup=group,
+            **edge,
         ),
         go.Scatter(
             x=values(band.t_s),
