@@ -49,6 +49,7 @@ class DaliPipeline(InputPipeline):
         self._batches_read = 0  # in the current epoch: where a failure happened
         self._streaming = False  # whether `_iterator` reads the stream, or epochs
         self._iterator: Any = None  # built when reading starts: for epochs or for the stream
+        self._built: list[Any] = []  # DALI pipelines not shut down yet (the iterator's)
 
     def __iter__(self) -> Iterator[Batch]:
         # DALI's reader goes on past an epoch's end and its pipeline keeps decoding ahead: an
@@ -62,7 +63,7 @@ class DaliPipeline(InputPipeline):
 
     def _read(self, stream: bool) -> Iterator[Batch]:
         if self._iterator is None or stream != self._streaming:
-            self._iterator = None  # another way of reading's buffers go before these come
+            self._release()  # another way of reading's buffers go before these come
             self._iterator, self._streaming = self._start(stream), stream
         started_ns = time.monotonic_ns()
         while True:
@@ -78,13 +79,27 @@ class DaliPipeline(InputPipeline):
                     yield Batch(images, labels.view(-1).long())
                 return
             except RuntimeError as error:
+                self._release()  # DALI's pipeline is dead after a decode error
                 self._skip_or_raise(error)
-                # DALI's pipeline is dead after a decode error: build one without the file.
-                # The shard's epoch starts over, and shard bounds move by the files skipped.
+                # Build one without the file: the shard's epoch starts over, and shard bounds
+                # move by the files skipped.
                 self._iterator = self._start(stream)
 
     def close(self) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        """Shuts the DALI pipelines built so far down now, their threads joined.
+
+        Not left to the garbage collector: a failure's traceback can keep a pipeline in a
+        reference cycle, and the collector may meet it first in a process forked from this one
+        (a DataLoader worker), which has none of its threads; its shutdown there waits for them
+        forever.
+        """
         self._iterator = None
+        for pipeline in self._built:
+            pipeline._shutdown()  # what DALI's own exit hook calls; it has no public one
+        self._built.clear()
 
     def _start(self, stream: bool = False) -> Any:
         """Builds the DALI pipeline and its iterator, which starts decoding at once:
@@ -102,6 +117,7 @@ class DaliPipeline(InputPipeline):
                     auto_reset=True,
                 )
             except RuntimeError as error:
+                self._release()
                 self._batches_read = 0
                 self._skip_or_raise(error)
 
@@ -215,7 +231,9 @@ class DaliPipeline(InputPipeline):
             )
             return images, labels.gpu() if on_gpu else labels
 
-        return graph()
+        pipeline = graph()
+        self._built.append(pipeline)
+        return pipeline
 
 
 def _decodable(path: str) -> bool:

@@ -3,6 +3,7 @@ files per shard, labels from the folders, augmentation applied, bad files named 
 
 from __future__ import annotations
 
+import gc
 import itertools
 import random
 import shutil
@@ -12,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch.utils.data import DataLoader, TensorDataset
 
 from helpers import decode_codes, solid, write_jpeg
 from pipelines import (
@@ -251,6 +253,39 @@ def test_corrupt_images_can_be_skipped_and_counted(
         assert sorted(pipeline.skipped_files) == bad_files
         codes = decode_codes(all_images(epoch(pipeline)), MEAN, STD)
     assert sorted(codes) == list(range(37))  # every good file, once
+
+
+def _fail_and_keep_the_error(root: Path) -> None:
+    """DALI fails on a bad file, and its error is kept as a logging caller might keep it: in a
+    frame its own traceback holds, a reference cycle that only the garbage collector frees."""
+    try:
+        with build_pipeline(make_spec(root, shuffle=False), Backend.DALI) as pipeline:
+            epoch(pipeline)
+    except CorruptImageError as error:
+        kept = error  # noqa: F841
+
+
+def _collect_garbage(worker_id: int) -> None:
+    gc.collect()
+
+
+def test_a_dataloader_forked_after_a_dali_failure_does_not_hang(
+    broken_dataset: tuple[Path, list[str]],
+) -> None:
+    """The failed pipeline's garbage reaches the workers that fork after it. Had its DALI
+    pipeline not been shut down where it failed, a worker collecting that garbage would wait
+    for DALI's threads, which a forked process does not have, forever. A probe lane runs
+    DataLoader jobs after DALI's in one process, as this test process does."""
+    gc.collect()
+    gc.disable()  # the failure's cycle is still garbage when the workers fork
+    try:
+        _fail_and_keep_the_error(broken_dataset[0])
+        loader = DataLoader(TensorDataset(torch.arange(4)), batch_size=2, num_workers=1,
+                            worker_init_fn=_collect_garbage, multiprocessing_context="fork",
+                            timeout=30)  # fmt: skip
+        assert [batch.tolist() for (batch,) in loader] == [[0, 1], [2, 3]]
+    finally:
+        gc.enable()
 
 
 def test_without_dali_only_the_dali_pipeline_is_unavailable(
