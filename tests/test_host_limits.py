@@ -364,10 +364,10 @@ def test_the_sampler_reads_a_lanes_pss_and_its_workers_busy_threads() -> None:
             time.sleep(0.05)
         sampler = HostSampler()
         sampler.lane_pids.update({0: lane.pid, 1: alone.pid})
-        _, first = sampler.sample(time.monotonic_ns())
-        _, between = sampler.sample(time.monotonic_ns())  # before the next slow refresh
+        _, first = sampler.sample()
+        _, between = sampler.sample()  # before the next slow refresh
         time.sleep(1.5)
-        _, later = sampler.sample(time.monotonic_ns())  # a refresh: threads' CPU since the first
+        _, later = sampler.sample()  # a refresh: threads' CPU since the first
     finally:
         for process in psutil.Process(lane.pid).children(recursive=True):
             process.kill()

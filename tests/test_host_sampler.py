@@ -35,20 +35,18 @@ def test_lane_processes_and_their_children_are_attributed_to_the_lane() -> None:
         while not main.children() and time.monotonic() < deadline:
             time.sleep(0.1)  # let the child start
         (child,) = main.children()
-        start_ns = time.monotonic_ns()
-        sampler.sample(start_ns)
+        _, (first,) = sampler.sample()
         main_before, child_before = cpu_seconds(main), cpu_seconds(child)
         time.sleep(1.0)
-        end_ns = time.monotonic_ns()
-        host, lanes = sampler.sample(end_ns)
+        host, lanes = sampler.sample()
         main_spent = cpu_seconds(main) - main_before
         child_spent = cpu_seconds(child) - child_before
     finally:
         for process in psutil.Process(lane.pid).children(recursive=True):
             process.kill()
         lane.kill()
-    seconds = (end_ns - start_ns) / 1e9
     (sample,) = lanes
+    seconds = (sample.t_ns - first.t_ns) / 1e9
     assert sample.lane == 0
     assert sample.processes == 2
     assert main_spent > 0.05 and child_spent > 0.05  # both burned, however loaded the host
@@ -79,12 +77,11 @@ def test_a_process_found_late_never_shows_more_cpu_than_the_host_has() -> None:
             if step == 15:
                 sampler.lane_pids[0] = lane.pid
             time.sleep(0.1)
-            now = time.monotonic_ns()
-            _, lanes = sampler.sample(now)
+            host, lanes = sampler.sample()
             if lanes:
                 shown.append(lanes[0].cpu_pct)
-                counted += lanes[0].cpu_pct / 100 * (now - last) / 1e9
-            last = now
+                counted += lanes[0].cpu_pct / 100 * (host.t_ns - last) / 1e9
+            last = host.t_ns
         truth = cpu_seconds(process)
     finally:
         lane.kill()
@@ -120,10 +117,9 @@ def test_children_that_end_between_readings_are_counted_once() -> None:
     def read() -> None:
         nonlocal counted, last
         time.sleep(0.1)
-        now = time.monotonic_ns()
-        _, lanes = sampler.sample(now)
-        counted += sum(s.cpu_pct for s in lanes) / 100 * (now - last) / 1e9
-        last = now
+        host, lanes = sampler.sample()
+        counted += sum(s.cpu_pct for s in lanes) / 100 * (host.t_ns - last) / 1e9
+        last = host.t_ns
 
     try:
         sampler.lane_pids[0] = lane.pid
@@ -142,3 +138,30 @@ def test_children_that_end_between_readings_are_counted_once() -> None:
         lane.kill()
     assert truth >= 8 * 0.3
     assert counted == pytest.approx(truth, rel=0.1)
+
+
+def test_a_sampler_held_up_before_it_reads_shows_no_more_than_was_used() -> None:
+    """A sampler thread held up between its tick and its reading (a host whose cores are all
+    busy) divides each interval's CPU by that interval: a process burning one core reads one
+    core on average, and its one thread never more than 100%."""
+    lane = subprocess.Popen([sys.executable, "-c", BURN])
+    try:
+        sampler = HostSampler()
+        sampler.lane_pids[0] = lane.pid
+        process = psutil.Process(lane.pid)
+        time.sleep(0.3)
+        _, (first,) = sampler.sample()
+        before = cpu_seconds(process)
+        shown, threads, last = 0.0, [], first.t_ns
+        for step in range(30):
+            time.sleep(0.1 + (0.15 if step % 3 == 2 else 0.0))  # held up now and then
+            _, (sample,) = sampler.sample()
+            shown += sample.cpu_pct / 100 * (sample.t_ns - last) / 1e9
+            threads.append(sample.main_thread_cpu_pct)
+            last = sample.t_ns
+        truth = cpu_seconds(process) - before
+    finally:
+        lane.kill()
+    assert truth > 0.5  # it burned, however loaded the host
+    assert shown == pytest.approx(truth, abs=0.1)
+    assert max(threads) <= 100.0 + 1e-6

@@ -74,7 +74,7 @@ class Recorder:
     def _tick(self) -> None:
         t_ns = time.monotonic_ns()
         gpu = self.gpus.sample(t_ns) if self.gpus is not None else []
-        host, lanes = self.host.sample(t_ns)
+        host, lanes = self.host.sample()
         unavailable = (self.gpus.unavailable() if self.gpus is not None else []) + (
             self.host.unavailable()
         )

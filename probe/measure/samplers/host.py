@@ -18,6 +18,7 @@ from typing import Any
 
 import psutil
 
+from pipelines import cpu_limits
 from probe.records import HostSample, LaneCpuSample, Unavailable
 
 SLOW_REFRESH_NS = 1_000_000_000  # process trees, thread counts, disk and memory: once a second
@@ -44,6 +45,7 @@ class HostSampler:
         self.lane_pids: dict[int, int] = {}
         self._unavailable: list[Unavailable] = []
         self._last_ns = time.monotonic_ns()
+        self.allowed_cores = cpu_limits().cores  # the cores the run may use: affinity, quota
         self._cpu = psutil.cpu_times(percpu=True)
         self._disk = _disk_counters()
         if self._disk is None:
@@ -57,7 +59,8 @@ class HostSampler:
         # time, not by clock: psutil's start times come from the boot time, which can be off
         # from time.time() by a second in a virtual machine.
         self._older = {(p.pid, p.info["create_time"]) for p in psutil.process_iter(["create_time"])}
-        self._carry: dict[int, float] = {}  # tree -> CPU seconds given back ahead of time
+        # tree (or ("thread", lane)) -> CPU seconds to show in later samples
+        self._carry: dict[Any, float] = {}
         self._trees: dict[int, _Tree] = {}  # -1: the whole run
         self._slow_ns = 0
         self._disk_read_mib_s: float | None = None
@@ -70,37 +73,53 @@ class HostSampler:
     def unavailable(self) -> list[Unavailable]:
         return list(self._unavailable)
 
-    def sample(self, t_ns: int) -> tuple[HostSample, list[LaneCpuSample]]:
-        seconds = max((t_ns - self._last_ns) / 1e9, 1e-6)
-        self._last_ns = t_ns
+    def sample(self) -> tuple[HostSample, list[LaneCpuSample]]:
+        """The host and each lane since the last sample, stamped with the time their counters
+        were read: a share is CPU seconds over the interval between two readings of the same
+        counters, so a sampler thread held up by a busy host (between its tick and its
+        reading) neither inflates nor deflates it."""
         cores = psutil.cpu_times(percpu=True)
-        per_core, iowait, steal = _core_shares(self._cpu, cores)
+        per_core, iowait, steal = _core_shares(self._cpu, cores)  # shares of one reading's own
         self._cpu = cores
         # What changes slowly is read once a second: process trees, thread counts, disk, memory.
-        if t_ns - self._slow_ns >= SLOW_REFRESH_NS or set(self.lane_pids) - set(self._trees):
-            self._refresh_slow(t_ns)
-        # One CPU reading per process, shared by the run's tree and the lane trees within it.
+        now_ns = time.monotonic_ns()
+        if now_ns - self._slow_ns >= SLOW_REFRESH_NS or set(self.lane_pids) - set(self._trees):
+            self._refresh_slow(now_ns)
+        lanes_now = sorted((lane, tree) for lane, tree in self._trees.items() if lane >= 0)
+        # One CPU reading per process, shared by the run's tree and the lane trees within it,
+        # and the clock read around them.
         members = {p.pid: p for tree in self._trees.values() for p in tree.members}
+        before_ns = time.monotonic_ns()
         deltas = {pid: self._cpu_delta(process) for pid, process in members.items()}
-        most = len(per_core) * seconds  # the CPU seconds the host's cores had
+        threads = {
+            ("thread", lane): self._carry.pop(("thread", lane), 0.0)
+            + self._main_thread_delta(tree.root_pid)
+            for lane, tree in lanes_now
+        }
+        t_ns = (before_ns + time.monotonic_ns()) // 2
+        seconds = max((t_ns - self._last_ns) / 1e9, 1e-6)
+        self._last_ns = t_ns
+        most = self.allowed_cores * seconds  # the CPU seconds the run's cores had
+        spent = self._within(
+            {lane: self._tree_seconds(lane, tree, deltas) for lane, tree in lanes_now}, most
+        )
         lanes = [
             LaneCpuSample(
                 t_ns=t_ns,
                 lane=lane,
-                cpu_pct=100 * self._tree_seconds(lane, tree, deltas, most) / seconds,
-                main_cpu_pct=100 * deltas.get(tree.root_pid, (0.0, 0.0))[0] / seconds,
-                main_thread_cpu_pct=100 * self._main_thread_delta(tree.root_pid) / seconds,
+                cpu_pct=100 * spent[lane] / seconds,
+                main_cpu_pct=100 * min(most, deltas.get(tree.root_pid, (0.0, 0.0))[0]) / seconds,
+                main_thread_cpu_pct=100 * self._one_thread(threads, lane, seconds) / seconds,
                 processes=len(tree.members),
                 threads=tree.threads,
                 pss_mib=tree.pss_mib,
                 worker_threads=tree.worker_threads,
             )
-            for lane, tree in sorted(self._trees.items())
-            if lane >= 0
+            for lane, tree in lanes_now
         ]
         run_tree = self._trees.get(-1)
         run_members = run_tree.members if run_tree is not None else []
-
+        run_spent = self._within({-1: self._tree_seconds(-1, run_tree, deltas)}, most)[-1]
         host = HostSample(
             t_ns=t_ns,
             cpu_pct=sum(per_core) / len(per_core),
@@ -109,7 +128,7 @@ class HostSampler:
             steal_pct=steal,
             disk_read_mib_s=self._disk_read_mib_s,
             memory_used_mib=self._memory_used_mib,
-            tree_cpu_pct=100 * self._tree_seconds(-1, run_tree, deltas, most) / seconds,
+            tree_cpu_pct=100 * run_spent / seconds,
             tree_processes=len(run_members),
         )
         return host, lanes
@@ -232,21 +251,34 @@ class HostSampler:
         )
 
     def _tree_seconds(
-        self, key: int, tree: _Tree | None, deltas: dict[int, tuple[float, float]], most: float
+        self, key: int, tree: _Tree | None, deltas: dict[int, tuple[float, float]]
     ) -> float:
-        """A tree's CPU seconds since the last sample, at most the `most` seconds the host's
-        cores had meanwhile. A process is found when the trees are read (once a second): its
-        time until then comes in one sample, and what is over the host's is carried on to the
-        next samples, as is what an ended child gives back before its parent's counters take it
-        in. Nothing is lost, and no sample shows more CPU than the host has."""
+        """A tree's CPU seconds since the last sample, with what was carried on to it."""
         if tree is None:
             return 0.0
-        total = self._carry.pop(key, 0.0) + sum(sum(deltas.get(p.pid, (0.0, 0.0)))
-                                                for p in tree.members)  # fmt: skip
-        shown = min(max(total, 0.0), most)
-        if total != shown:
-            self._carry[key] = total - shown
+        return self._carry.pop(key, 0.0) + sum(sum(deltas.get(p.pid, (0.0, 0.0)))
+                                               for p in tree.members)  # fmt: skip
+
+    def _within(self, spent: dict[Any, float], most: float) -> dict[Any, float]:
+        """`spent` CPU seconds shown within `most`, together: a process is found when the trees
+        are read (once a second), so its time until then comes in one sample, and an ended
+        child gives back what was counted of it before its parent's counters take it in. What
+        is over (or under nothing) is carried on to the next samples, each key's own, so that
+        nothing is lost and no sample shows more than the cores had: no lane above the run's
+        cores, the lanes together neither, no thread above one core."""
+        shown = {key: max(value, 0.0) for key, value in spent.items()}
+        total = sum(shown.values())
+        if total > most:
+            shown = {key: value * most / total for key, value in shown.items()}
+        for key, value in spent.items():
+            if value != shown[key]:
+                self._carry[key] = self._carry.get(key, 0.0) + value - shown[key]
         return shown
+
+    def _one_thread(self, threads: dict[Any, float], lane: int, seconds: float) -> float:
+        """A lane's main thread's CPU seconds, at most the sample's own (one core)."""
+        key = ("thread", lane)
+        return self._within({key: threads[key]}, seconds)[key]
 
     def _main_thread_delta(self, pid: int) -> float:
         """CPU seconds of the process's main thread (the Python loop) since it was last read."""
