@@ -170,3 +170,23 @@ def test_the_timer_waits_for_the_device_where_it_can_and_says_whether_it_did() -
     first, second = synced
     # asked again when the step ended: no time falls between two batches
     assert second.t_ns - first.t_ns == pytest.approx((first.wait_s + first.step_s) * 1e9, abs=2)
+
+
+@pytest.mark.parametrize(
+    ("current", "local_rank", "found"),
+    [
+        (None, 1, 1),  # CUDA not started yet: the rank's own GPU
+        (0, 1, 1),  # tensors on cuda:LOCAL_RANK without set_device: the current one stays 0
+        (2, 1, 2),  # set_device(2): the loop's own choice
+        (0, None, 0),  # no rank: the current device
+    ],
+)
+def test_a_watched_loop_is_on_its_ranks_gpu_unless_it_chose_another(
+    monkeypatch: pytest.MonkeyPatch, current: int | None, local_rank: int | None, found: int
+) -> None:
+    from probe.measure.devices import loop_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: current is not None)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current)
+    assert loop_device(local_rank) == found

@@ -77,12 +77,15 @@ def host_cores() -> int:
 
 def loop_device(default: int | None) -> int | None:
     """The CUDA device a running training loop uses: the current one once CUDA is in use, else
-    `default`; None where torch is not loaded (a loop on CUDA has imported it) or sees no CUDA.
-    Imports nothing: it must not load torch into a loop that does not use it."""
+    `default` (a rank's LOCAL_RANK); `default` too where the current one is still device 0, as
+    it stays in a rank that puts its tensors on `cuda:LOCAL_RANK` without `set_device`. None
+    where torch is not loaded (a loop on CUDA has imported it) or sees no CUDA. Imports
+    nothing: it must not load torch into a loop that does not use it."""
     torch = sys.modules.get("torch")
     if torch is None or not torch.cuda.is_available():
         return None
-    return int(torch.cuda.current_device()) if torch.cuda.is_initialized() else default
+    current = int(torch.cuda.current_device()) if torch.cuda.is_initialized() else 0
+    return default if current == 0 and default is not None else current
 
 
 def describe(devices: list[CudaDevice]) -> str:

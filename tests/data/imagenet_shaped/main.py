@@ -24,7 +24,9 @@ parser.add_argument("-b", "--batch-size", default=8, type=int, metavar="N")
 parser.add_argument("--lr", "--learning-rate", default=0.05, type=float, metavar="LR")
 parser.add_argument("-p", "--print-freq", default=10, type=int, metavar="N")
 parser.add_argument("--image-size", default=64, type=int)
-parser.add_argument("--gpu", default=None, type=int, help="GPU id to use (default: the CPU)")
+parser.add_argument(
+    "--gpu", default=None, help="GPU id to use, or local: LOCAL_RANK's (default: the CPU)"
+)
 
 MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
 STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
@@ -91,7 +93,10 @@ def main():
     val_loader = torch.utils.data.DataLoader(
         val_dataset, batch_size=args.batch_size, shuffle=False, num_workers=args.workers
     )
-    device = torch.device("cpu" if args.gpu is None else f"cuda:{args.gpu}")
+    gpu = os.environ.get("LOCAL_RANK", "0") if args.gpu == "local" else args.gpu
+    device = torch.device("cpu" if gpu is None else f"cuda:{gpu}")
+    if gpu is not None:
+        torch.cuda.set_device(device)
     model = make_model(len(train_dataset.classes)).to(device)
     criterion = nn.CrossEntropyLoss()
     optimizer = torch.optim.SGD(model.parameters(), args.lr, momentum=0.9)
