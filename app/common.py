@@ -22,7 +22,7 @@ from probe.judge.thresholds import Severity
 from probe.judge.verdicts import Verdict, VerdictKind
 from probe.present.listing import run_rows, session_rows
 from probe.present.report import build_report, render
-from probe.present.tables import headline, recommendation_text
+from probe.present.tables import ASIDE, headline, recommendation_text
 from probe.store.connection import default_db_path
 from probe.store.db import Store
 from probe.store.documents import RunDocument, read_run
@@ -152,14 +152,22 @@ def verdict_box(verdict: Verdict) -> None:
     show(markdown_text(headline(verdict)))
 
 
-def recommendation_list(recommendations: Sequence[Recommendation]) -> None:
+def recommendation_list(
+    recommendations: Sequence[Recommendation],
+    asides: Sequence[Recommendation] = (),
+    scope: str = "",
+) -> None:
     """Ranked recommendations as a numbered list: each whole (the change, its images/s
-    predicted and verified), with its basis and notes under it."""
-    lines = []
-    for rank, item in enumerate(recommendations, 1):
-        lines.append(f"{rank}. **{markdown_text(recommendation_text(item))}**")
-        lines += [f"   - {markdown_text(text)}" for text in (item.basis, *item.notes)]
-    st.markdown("\n".join(lines))
+    predicted and verified, `scope`: whose), with its basis and notes under it; then the
+    changes set aside, below yours."""
+    for title, items in ((None, recommendations), (f"Not recommended: {ASIDE}", asides)):
+        if not items:
+            continue
+        lines = [] if title is None else [f"**{title}**", ""]
+        for rank, item in enumerate(items, 1):
+            lines.append(f"{rank}. **{markdown_text(recommendation_text(item, scope))}**")
+            lines += [f"   - {markdown_text(text)}" for text in (item.basis, *item.notes)]
+        st.markdown("\n".join(lines))
 
 
 EXPORTS = (

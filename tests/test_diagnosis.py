@@ -293,8 +293,8 @@ def test_a_doctor_session_is_its_document_and_back() -> None:
     assert list(document) == [
         "schema", "session_id", "status", "reason", "created", "consumer", "consumer_note",
         "lanes", "devices", "precision", "budget_s", "elapsed_s", "startup_s", "consumer_alone",
-        "verdict", "recommendations", "sweep", "knee", "oversubscribed", "skipped",
-        "host_busy", "dali", "epochs", "verify", "run_ids", "curve",
+        "verdict", "recommendations", "asides", "sweep", "knee", "oversubscribed", "skipped",
+        "host_busy", "dali", "epochs", "verify", "run_ids", "curve", "scaling",
     ]  # fmt: skip
     assert document["schema"] == "feedscope.doctor/1"
     assert list(document["sweep"][0]) == ["num_workers", *POINT_KEYS]

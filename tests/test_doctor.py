@@ -81,7 +81,10 @@ def doctor_whose_verification_reads(
             return replace(point, images_per_s=factor * point.images_per_s)
         return point
 
-    monkeypatch.setattr("probe.judge.doctor.point_of", reading)
+    # wherever the doctor reads its own runs' points: its verification and runs in turn
+    # (answer), DALI's and the epoch reading's (points)
+    for module in ("answer", "points"):
+        monkeypatch.setattr(f"probe.judge.doctor.{module}.point_of", reading)
     spec = PipelineSpec(photos, batch_size=32, image_size=96,
                         dataloader=DataLoaderOptions(num_workers=0))  # fmt: skip
     config = ProbeConfig(backend=Backend.TORCH, spec=spec, lanes=plan_lanes(None, 1),

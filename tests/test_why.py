@@ -175,6 +175,9 @@ def test_the_curve_from_one_run_predicts_a_measured_sweep(tmp_path: Path, photos
     assert curve["workers"] == 1  # predicted from the first point alone
     predicted = {p["num_workers"]: p["images_per_s"] for p in curve["predicted"]}
     measured = {p["num_workers"]: p["images_per_s"] for p in session["points"]}
+    errors = {p["num_workers"]: p["images_per_s_error"] or 0.0 for p in session["points"]}
     assert len(measured) >= 3
-    for workers, rate in measured.items():
-        assert predicted[workers] == pytest.approx(rate, rel=0.15), (workers, predicted, measured)
+    for workers, rate in measured.items():  # within 15%, and the point's own error
+        assert abs(predicted[workers] - rate) <= 0.15 * rate + errors[workers], (
+            workers, predicted, measured, errors,
+        )  # fmt: skip

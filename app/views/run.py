@@ -19,8 +19,10 @@ from probe.present.options import reproduce_command
 from probe.present.tables import (
     PIPELINE_ONLY_WAIT,
     headline,
+    job_scope,
     lane_grid,
     pipeline_only,
+    run_devices,
     run_notes,
 )
 from probe.store.documents import RunDocument
@@ -76,7 +78,8 @@ def header(doc: RunDocument) -> None:
         st.caption(figures.stage_line(doc.lanes) or "")
 
 
-def diagnosis(diag: RunDiagnosis, session_id: str | None) -> None:
+def diagnosis(diag: RunDiagnosis, session_id: str | None, scope: str = "") -> None:
+    """A run's verdict, its findings and what to change (`scope`: whose images/s)."""
     st.subheader("Diagnosis")
     verdict = replace(diag.verdict, partial=diag.partial)
     common.verdict_box(verdict)
@@ -93,12 +96,12 @@ def diagnosis(diag: RunDiagnosis, session_id: str | None) -> None:
             label=f"This run is a point of session {session_id}: open its answer",
             query_params={"session": session_id},
         )
-    if diag.recommendations:
+    if diag.recommendations or diag.asides:
         basis = "from this run alone"
         if diag.answered_by is not None:
             basis = f"the doctor session's, measured: {diag.answered_by}"
         st.markdown(f"**Recommendations** ({basis})")
-        common.recommendation_list(diag.recommendations)
+        common.recommendation_list(diag.recommendations, diag.asides, scope)
 
 
 @common.page
@@ -115,7 +118,7 @@ def main() -> None:
     view = common.run_view(db, run_id, version)
     doc = view["document"]
     header(doc)
-    diagnosis(view["diagnosis"], row["session_id"])
+    diagnosis(view["diagnosis"], row["session_id"], job_scope(run_devices(doc)))
 
     series = view["series"]
     if series is None or not any(lane.t_s for lane in series.lanes):

@@ -18,7 +18,10 @@ from probe.present import charts as figures
 from probe.present.tables import (
     curve_lines,
     doctor_notes,
+    job_scope,
     point_grid,
+    scaling_grid,
+    scaling_lines,
 )
 
 
@@ -37,18 +40,19 @@ def answer(session: Session) -> None:
     yours = next((p for p in session.points if p.run_id == session.verdict_run_id), None)
     best, dali = session.best, session.dali
     top = session.recommendations[0] if session.recommendations else None
+    scope = job_scope(session.devices)  # whose images/s: the job's, on several lanes
     cols = st.columns(4)
     if yours is not None:
         cols[0].metric(
             f"yours, num_workers={yours.setting}",
             IMAGES_PER_S.cell(yours.images_per_s, yours.images_per_s_error),
-            help=f"images/s; {DATA_WAIT.label} {DATA_WAIT.text(yours.data_wait_frac)}",
+            help=f"images/s{scope}; {DATA_WAIT.label} {DATA_WAIT.text(yours.data_wait_frac)}",
         )
     if best is not None:
         cols[1].metric(
             f"best DataLoader, num_workers={best.setting}",
             IMAGES_PER_S.cell(best.images_per_s, best.images_per_s_error),
-            help="images/s, the best setting the doctor measured",
+            help=f"images/s{scope}, the best setting the doctor measured",
         )
     if dali is not None:
         cols[2].metric(
@@ -56,21 +60,30 @@ def answer(session: Session) -> None:
             "not measured"
             if dali.images_per_s is None
             else IMAGES_PER_S.cell(dali.images_per_s, dali.images_per_s_error),
-            help=dali.reason or "images/s, DALI on the same lanes and consumer",
+            help=dali.reason or f"images/s{scope}, DALI on the same lanes and consumer",
         )
     if top is not None and top.predicted_images_per_s is not None:
         cols[3].metric(
             f"recommended: {top.setting}",
             IMAGES_PER_S.cell(top.predicted_images_per_s, top.predicted_error),
             delta=verified_delta(top.predicted_images_per_s, top.measured_images_per_s),
-            help="images/s predicted (measured in its point); verified: measured again",
+            help=f"images/s{scope} predicted (measured in its point); verified: measured again",
         )
-    if session.recommendations:
+    if session.recommendations or session.asides:
         st.markdown("**Recommendations** (measured by the doctor; the first one verified)")
-        common.recommendation_list(session.recommendations)
+        common.recommendation_list(session.recommendations, session.asides, scope)
     notes = doctor_notes(session)
     if notes:
         st.markdown("\n".join(f"- {common.markdown_text(line)}" for line in notes))
+    if session.scaling is not None:
+        scaling = session.scaling
+        st.markdown(f"**From 1 {scaling.device} to {scaling.lanes}** (on this host's cores)")
+        st.plotly_chart(figures.scaling_chart(scaling), width="stretch", key="session-scaling")
+        st.dataframe(
+            scaling_grid(scaling).records(), hide_index=True, width="stretch",
+            key="session-scaling-table",
+        )  # fmt: skip
+        st.caption("  \n".join(common.markdown_text(line) for line in scaling_lines(scaling)))
 
 
 def verified_delta(predicted: float, verified: float | None) -> str | None:

@@ -3,6 +3,7 @@ worst), and ranked recommendations (`diagnose_run` for a stored run, `judge_run`
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -12,11 +13,12 @@ from probe.judge.changes import Recommendation
 from probe.judge.evidence import Evidence
 from probe.judge.facts import LaneFacts, run_facts
 from probe.judge.knee import SweepAnalysis
-from probe.judge.recommend import recommend
+from probe.judge.recommend import recommend, set_aside
 from probe.judge.results import Session, SessionKind, read_session
 from probe.judge.thresholds import Severity
 from probe.judge.verdicts import Verdict, VerdictKind, judge_lane, judge_lanes, rank
 from probe.records import RunRecord, RunStatus
+from probe.steady import Estimate
 from probe.store.db import Store
 
 
@@ -34,6 +36,7 @@ class RunDiagnosis:
     recommendations: tuple[Recommendation, ...]
     partial: bool
     answered_by: str | None = None  # the doctor session whose recommendations these are
+    asides: tuple[Recommendation, ...] = ()  # changes that lose against yours: told after
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -43,6 +46,7 @@ class RunDiagnosis:
             "lanes": [v.to_json() for v in self.lanes],
             "findings": [v.to_json() for v in self.findings],
             "recommendations": [r.to_json() for r in self.recommendations],
+            "asides": [r.to_json() for r in self.asides],
             "answered_by": self.answered_by,
         }
 
@@ -58,7 +62,10 @@ def diagnose_run(store: Store, run_id: str, sweep: SweepAnalysis | None = None) 
     diagnosis = judge_run(run.run_id, run.status, run_facts(store, run.run_id), sweep)
     if session is not None and session.kind is SessionKind.DOCTOR and session.answered:
         return replace(
-            diagnosis, recommendations=session.recommendations, answered_by=session.session_id
+            diagnosis,
+            recommendations=session.recommendations,
+            asides=session.asides,
+            answered_by=session.session_id,
         )
     return diagnosis
 
@@ -79,6 +86,7 @@ def judge_run(
         empty = Verdict(VerdictKind.UNKNOWN, Severity.NONE, None, (none,), partial=True)
         return RunDiagnosis(run_id, empty, (), (), (), True)
     worst = max(candidates, key=rank)
+    worst_facts = max(zip(facts, lanes, strict=True), key=lambda item: rank(item[1]))[0]
     waits = [v.data_wait_frac for v in lanes if v.data_wait_frac is not None]
     overall = Verdict(
         worst.kind,
@@ -89,8 +97,20 @@ def judge_run(
         partial,
         all(v.reliable for v in candidates),
     )
-    recommendations = tuple(recommend(facts, lanes, findings, sweep))
-    return RunDiagnosis(run_id, overall, lanes, findings, recommendations, partial)
+    measured = [f for f in facts if f.figures.batches]
+    recommendations = recommend(facts, lanes, findings, sweep)
+    asides: list[Recommendation] = []
+    if measured:  # a change below yours, all lanes together, is no recommendation
+        errors = [f.figures.images_per_s_error for f in measured]
+        yours = Estimate(
+            sum(f.figures.images_per_s for f in measured),
+            None if None in errors else math.hypot(*(e or 0.0 for e in errors)),
+            min(f.figures.blocks for f in measured),
+        )
+        recommendations, asides = set_aside(recommendations, yours, worst_facts.change)
+    return RunDiagnosis(
+        run_id, overall, lanes, findings, tuple(recommendations), partial, asides=tuple(asides)
+    )
 
 
 def _session_of(store: Store, run: RunRecord) -> Session | None:

@@ -62,6 +62,26 @@ class LaneFacts:
     prefetch_factor: int | None = None  # DataLoader
     image_size: int | None = None
     reason: str | None = None  # why the lane failed or stopped
+    run_lanes: int = 1  # the run's lanes on every host: a lane's figures are one of them
+
+    @property
+    def device_word(self) -> str:
+        """What a lane drives: "GPU", or "lane" on the CPU."""
+        return "GPU" if self.on_gpu else "lane"
+
+    @property
+    def per_lane(self) -> str:
+        """ " per GPU" after a lane's figure where the run has several lanes (else nothing):
+        a lane's figures are one GPU's, a run's the job's."""
+        return f" per {self.device_word}" if self.run_lanes > 1 else ""
+
+    def for_the_job(self, images_per_s: float) -> str:
+        """ " (14,276 for all 4 GPUs)" after a lane's rate where the run has several lanes."""
+        if self.run_lanes <= 1:
+            return ""
+        return (
+            f" ({images_per_s * self.run_lanes:,.0f} for all {self.run_lanes} {self.device_word}s)"
+        )
 
     @property
     def batch_mib(self) -> float | None:
@@ -194,6 +214,7 @@ def lane_facts(store: Store, run: RunRecord, lane: LaneRecord) -> LaneFacts:
         prefetch_factor=loader.get("prefetch_factor") if torch_lane else None,
         image_size=spec.get("image_size"),
         reason=lane.reason,
+        run_lanes=len(store.lanes(run.run_id)),
     )
 
 

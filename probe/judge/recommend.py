@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 from probe.judge.changes import (
     MEASURE_AGAIN,
@@ -46,6 +47,7 @@ def recommend(
     lane, verdict = max(zip(facts, verdicts, strict=True), key=lambda item: rank(item[1]))
     if not verdict.reliable:
         return [_measure_again()]
+    lanes = len(facts)  # every prediction is for the job: all its lanes
     out: list[Recommendation] = []
     if verdict.kind is VerdictKind.FED:
         dali = "" if lane.backend == "dali" else ", and DALI would not help"
@@ -59,9 +61,9 @@ def recommend(
         )
     if verdict.kind is VerdictKind.STARVED_CPU_HEADROOM and lane.backend == "torch":
         if sweep is not None and sweep.knob == Knob.NUM_WORKERS.value:
-            out += _measured_workers(lane, sweep, len(facts))
+            out += _measured_workers(lane, sweep, lanes)
         else:
-            out.append(_predicted_workers(lane, len(facts)) or _estimated_workers(lane))
+            out.append(_predicted_workers(lane, lanes) or _estimated_workers(lane, lanes))
     out += _slowed_steps(facts, lane, verdict, findings)
     if any(v.kind is VerdictKind.EPOCH_START_STALL for v in [*verdicts, *findings]):
         out += epoch_fixes(facts)
@@ -71,7 +73,7 @@ def recommend(
         out += _transfer_fixes(lane)
         # Not for a loader held by something unmeasured: DALI is no answer to an unknown.
         if verdict.kind in (VerdictKind.STARVED_CPU_SATURATED, VerdictKind.MAIN_PROCESS_BOUND):
-            out.append(_to_dali_estimate(lane))
+            out.append(_to_dali_estimate(lane, lanes))
     if verdict.kind is VerdictKind.IO_BOUND:
         out.append(
             Recommendation(
@@ -91,7 +93,49 @@ def recommend(
                 "not predicted: the split between the decoders is not measured apart",
             )
         )
-    return sorted(out, key=lambda r: -(r.predicted_images_per_s or 0.0))
+    return one_each(sorted(out, key=lambda r: -(r.predicted_images_per_s or 0.0)))
+
+
+def one_each(recommendations: Sequence[Recommendation]) -> list[Recommendation]:
+    """The recommendations with one for each setting: the first, best ranked, of those that
+    name it (a change has one prediction)."""
+    seen: set[str] = set()
+    out = []
+    for item in recommendations:
+        if item.setting not in seen:
+            seen.add(item.setting)
+            out.append(item)
+    return out
+
+
+def set_aside(
+    recommendations: Sequence[Recommendation], yours: Estimate, own: Change
+) -> tuple[list[Recommendation], list[Recommendation]]:
+    """The recommendations that may gain, and the changes set aside: those predicted or
+    measured significantly below `yours` (your setting `own` as measured, for the job; beyond
+    both errors and the drift between runs). A change that loses is no recommendation; it is
+    told after them, with what it costs (fewer workers may be worth it to free cores)."""
+    keep, aside = [], []
+    for item in recommendations:
+        rates = [
+            Estimate(rate, error, 0)
+            for rate, error in (
+                (item.predicted_images_per_s, item.predicted_error),
+                (item.measured_images_per_s, None),
+            )
+            if rate is not None
+        ]
+        loses = [rate for rate in rates if above(yours, 1.0, rate)]
+        if item.change.knob is None or item.change == own or not loses:
+            keep.append(item)
+            continue
+        worst = min(rate.value for rate in loses)
+        cost = (
+            f"not recommended: {IMAGES_PER_S.text(worst)}, {worst / yours.value - 1:+.0%} "
+            f"against yours ({IMAGES_PER_S.text(yours.value, yours.error)}, {own.setting})"
+        )
+        aside.append(replace(item, notes=(*item.notes, cost)))
+    return keep, aside
 
 
 def _measure_again(
@@ -105,7 +149,7 @@ def _measure_again(
     )
 
 
-def _estimated_workers(lane: LaneFacts) -> Recommendation:
+def _estimated_workers(lane: LaneFacts, lanes: int) -> Recommendation:
     """More workers, from this run alone: its images/s per worker times workers, enough for
     the consumer and at most the cores per lane. Throughput flattens, and may fall, before the
     cores run out: said, with what measures it."""
@@ -123,13 +167,13 @@ def _estimated_workers(lane: LaneFacts) -> Recommendation:
     advice = Recommendation(
         f"raise num_workers from {workers_now} to {target}",
         workers(target),
-        predicted,
+        predicted * lanes,
         f"estimated, not measured: {per_worker:,.0f} images/s per worker times workers, bounded "
         f"by the {lane.cores_per_lane_text} and at most the consumer's own rate (min(pipeline, "
         "consumer)); workers stop adding long before that bound on many hosts: `probe sweep` "
         "measures the knee",
     )
-    return read_by_epoch(advice, lane)
+    return read_by_epoch(advice, lane, lanes)
 
 
 def _predicted_workers(lane: LaneFacts, lanes: int) -> Recommendation | None:
@@ -219,7 +263,7 @@ def _slowed_steps(
     if verdict.kind is VerdictKind.DALI_THREADS_SATURATED and (
         (VerdictKind.GPU_SHARED, lane.lane) not in found
     ):
-        out += _more_threads(lane)
+        out += _more_threads(lane, len(facts))
     if neighbours:
         out += _free_the_step(neighbours[0], len(facts))
     if on_gpu:
@@ -262,7 +306,7 @@ def _off_the_sms(lane: LaneFacts, lanes: int) -> list[Recommendation]:
     return out
 
 
-def _more_threads(lane: LaneFacts) -> list[Recommendation]:
+def _more_threads(lane: LaneFacts, lanes: int) -> list[Recommendation]:
     threads = lane.num_threads or 1
     target = int(min(threads * 2, lane.cores_per_lane))
     if target <= threads:
@@ -274,7 +318,7 @@ def _more_threads(lane: LaneFacts) -> list[Recommendation]:
         Recommendation(
             f"raise DALI num_threads from {threads} to {target}",
             Change(Knob.NUM_THREADS, target),
-            predicted,
+            predicted * lanes,
             f"estimated, not measured: images/s per thread times threads, bounded by the "
             f"{lane.cores_per_lane_text} and at most the consumer's own rate",
         )
@@ -305,13 +349,14 @@ def _transfer_fixes(lane: LaneFacts) -> list[Recommendation]:
     return out
 
 
-def _to_dali_estimate(lane: LaneFacts) -> Recommendation:
+def _to_dali_estimate(lane: LaneFacts, lanes: int) -> Recommendation:
     decoder = "mixed" if lane.on_gpu else "cpu"
     where = "nvJPEG and the hardware decoder" if decoder == "mixed" else "its CPU decoder"
+    alone = lane.consumer_images_per_s
     return Recommendation(
         f"move decoding to DALI ({where})",
         to_dali(decoder, min(8, max(1, int(lane.cores_per_lane)))),
-        lane.consumer_images_per_s,
+        None if alone is None else alone * lanes,
         "estimated: at best the consumer's own rate, if DALI keeps up; `probe doctor` measures it",
     )
 

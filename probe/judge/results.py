@@ -9,8 +9,9 @@ either back, so that readers need not tell the schemas apart.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from enum import Enum
 from typing import Any
 
@@ -21,8 +22,10 @@ from probe.judge.model import Curve
 from probe.judge.verdicts import Verdict
 from probe.metrics import EpochStartCost
 from probe.records import RunStatus
+from probe.steady import Estimate, margin
 from probe.store.db import Store
 
+TORCH, DALI = "torch", "dali"  # a scaling point's pipeline
 NOT_VERIFIED = "not verified"  # where a doctor's reason says why it did not verify
 SWEEP_SCHEMA = "feedscope.sweep/1"
 DOCTOR_SCHEMA = "feedscope.doctor/1"
@@ -264,6 +267,124 @@ class Verification:
 
 
 @dataclass(frozen=True)
+class ScalePoint:
+    """One pipeline on `gpus` GPUs: its setting, the job's images/s predicted, and measured
+    where it was."""
+
+    gpus: int
+    pipeline: str  # "torch" or "dali"
+    setting: str  # "num_workers=8", "DALI decoder=mixed num_threads=4" (per GPU)
+    predicted_images_per_s: float | None  # the job's
+    measured_images_per_s: float | None = None
+    measured_images_per_s_error: float | None = None
+    run_id: str | None = None
+    fitted: bool = False  # the prediction rests on this point's own run: no check of it
+
+    @property
+    def images_per_s(self) -> float | None:
+        """What the job gives: measured where it was, else predicted."""
+        measured = self.measured_images_per_s
+        return measured if measured is not None else self.predicted_images_per_s
+
+    @property
+    def error_frac(self) -> float | None:
+        """Measured against predicted (None: one of them missing, or the prediction made from
+        this very run)."""
+        if self.fitted or self.measured_images_per_s is None or not self.predicted_images_per_s:
+            return None
+        return self.measured_images_per_s / self.predicted_images_per_s - 1
+
+    @property
+    def missed(self) -> bool:
+        """Whether it measured apart from its prediction beyond its error and the drift
+        between runs: the prediction is refuted, and the measured figure stands."""
+        if self.error_frac is None or self.measured_images_per_s is None:
+            return False
+        assert self.predicted_images_per_s is not None
+        measured = Estimate(self.measured_images_per_s, self.measured_images_per_s_error, 0)
+        predicted = Estimate(self.predicted_images_per_s, None, 0)
+        gap = abs(self.measured_images_per_s - self.predicted_images_per_s)
+        return gap > margin(measured, 1.0, predicted, drift=True)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "error_frac": self.error_frac, "missed": self.missed}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ScalePoint:
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+
+@dataclass(frozen=True)
+class Scaling:
+    """A pipeline's rate on 1 to `lanes` GPUs of one host, and the cores per GPU it needs."""
+
+    lanes: int  # the GPUs the doctor ran on
+    cores: float  # the cores the job may use on the host
+    device: str  # "GPU", or "lane" on the CPU
+    points: tuple[ScalePoint, ...]
+    consumer_images_per_s: float | None = None  # the consumer alone, per GPU
+    torch_cpu_ms: float | None = None  # the DataLoader's CPU per image (workers and training)
+    dali_cpu_ms: float | None = None  # DALI's, its threads and the training process
+    other_cores: float = 0.0  # other processes' load on the host's cores
+    unchecked: str | None = None  # why GPU counts below N were not measured
+
+    def at(self, pipeline: str, gpus: int) -> ScalePoint | None:
+        return next((p for p in self.points if p.pipeline == pipeline and p.gpus == gpus), None)
+
+    def cores_needed(self, pipeline: str) -> float | None:
+        """The cores per GPU `pipeline` needs to keep up with the consumer alone."""
+        cpu_ms = self.torch_cpu_ms if pipeline == TORCH else self.dali_cpu_ms
+        if cpu_ms is None or not self.consumer_images_per_s:
+            return None
+        return self.consumer_images_per_s * cpu_ms / 1000
+
+    def gpus_fed(self, pipeline: str) -> int | None:
+        """How many GPUs the host's cores (less the other processes') feed at the consumer's
+        rate with `pipeline` (None: not known)."""
+        need = self.cores_needed(pipeline)
+        if not need:
+            return None
+        return math.floor(max(0.0, self.cores - self.other_cores) / need)
+
+    def measured(self, pipeline: str) -> list[ScalePoint]:
+        return [p for p in self.points if p.pipeline == pipeline and p.measured_images_per_s]
+
+    def with_measured(
+        self,
+        pipeline: str,
+        gpus: int,
+        rate: float,
+        error: float | None,
+        run_id: str,
+        fitted: bool = False,
+    ) -> Scaling:
+        """The same, with `pipeline` on `gpus` GPUs measured (`fitted`: by the run its
+        prediction rests on)."""
+        points = tuple(
+            replace(p, measured_images_per_s=rate, measured_images_per_s_error=error,
+                    run_id=run_id, fitted=fitted)
+            if p.pipeline == pipeline and p.gpus == gpus else p
+            for p in self.points
+        )  # fmt: skip
+        return replace(self, points=points)
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["points"] = [p.to_json() for p in self.points]
+        for pipeline in (TORCH, DALI):
+            out[f"{pipeline}_cores_per_gpu"] = self.cores_needed(pipeline)
+            out[f"{pipeline}_gpus_fed"] = self.gpus_fed(pipeline)
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Scaling:
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        known["points"] = tuple(ScalePoint.from_json(p) for p in data.get("points", ()))
+        return cls(**known)
+
+
+@dataclass(frozen=True)
 class Session:
     """A sweep or a doctor session, as it ended. Fields a kind does not have stay empty."""
 
@@ -293,10 +414,12 @@ class Session:
     verdict: Verdict | None = None  # None: the doctor had nothing to answer on
     verdict_run_id: str | None = None  # the run of your setting the verdict is about
     recommendations: tuple[Recommendation, ...] = ()
+    asides: tuple[Recommendation, ...] = ()  # changes measured or predicted below yours
     dali: DaliRun | None = None
     epochs: EpochsRun | None = None
     verify: Verification | None = None
     curve: Curve | None = None  # the DataLoader's predicted curve, from its first point's run
+    scaling: Scaling | None = None  # on several lanes: the job on 1 to N of them
 
     def predicted(self, setting: int) -> float | None:
         """The curve's images/s at `setting` (None without a curve, or for DALI threads)."""
@@ -376,12 +499,14 @@ class Session:
             "consumer_alone": alone,
             "verdict": {**self.verdict.to_json(), "run_id": self.verdict_run_id},
             "recommendations": [r.to_json() for r in self.recommendations],
+            "asides": [r.to_json() for r in self.asides],
             "sweep": points, "knee": knee, "oversubscribed": list(self.oversubscribed),
             "skipped": skipped, "host_busy": self.host_busy,
             "dali": None if self.dali is None else self.dali.to_json(),
             "epochs": None if self.epochs is None else self.epochs.to_json(),
             "verify": None if self.verify is None else self.verify.to_json(),
             "run_ids": list(self.run_ids), "curve": self._curve_json(),
+            "scaling": None if self.scaling is None else self.scaling.to_json(),
         }  # fmt: skip
 
     @classmethod
@@ -429,6 +554,7 @@ class Session:
             verdict=None if verdict is None else Verdict.from_json(verdict),
             verdict_run_id=None if verdict is None else verdict.get("run_id"),
             recommendations=recommendations,
+            asides=tuple(Recommendation.from_json(r) for r in document.get("asides", ())),
             dali=None if document.get("dali") is None else DaliRun.from_json(document["dali"]),
             epochs=None
             if document.get("epochs") is None
@@ -437,6 +563,9 @@ class Session:
             if verify is None
             else Verification.from_json(verify, _verified(verify, recommendations)),
             curve=_curve(document.get("curve")),
+            scaling=None
+            if document.get("scaling") is None
+            else Scaling.from_json(document["scaling"]),
         )
 
     def analysis(self) -> SweepAnalysis | None:

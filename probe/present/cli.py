@@ -283,6 +283,7 @@ def doctor(
     as_json: bool,
     db: Path | None,
     budget: float | None,
+    scaling: bool,
 ) -> int:
     """The whole diagnosis: is the GPU starved, why, and what to change; verified by running it.
 
@@ -292,9 +293,10 @@ def doctor(
     short enough for epoch starts to matter, ranks the changes by measured throughput, and runs
     the first one again to check it. Every point is measured until its images/s is known within
     --precision. The default consumer is a 30 ms step per batch: what ResNet-50 takes at batch
-    128 on one H200.
+    128 on one H200. On several GPUs it predicts how the job grows from 1 GPU to N on this
+    host's cores (--scaling measures it).
     """
-    return measuring.doctor(pipeline, lanes, as_json, db, budget)
+    return measuring.doctor(pipeline, lanes, as_json, db, budget, scaling)
 
 
 @cli.command()

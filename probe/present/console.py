@@ -231,7 +231,14 @@ def print_run(document: RunDocument, diagnosis: RunDiagnosis) -> None:
     """A run's table on stdout; its notes and diagnosis on stderr."""
     out.print(terminal.run_table(document))
     print_lines(run_notes(document))
-    print_lines(tables.diagnosis_lines(diagnosis.verdict, diagnosis.recommendations))
+    print_lines(
+        tables.diagnosis_lines(
+            diagnosis.verdict,
+            diagnosis.recommendations,
+            diagnosis.asides,
+            tables.job_scope(tables.run_devices(document)),
+        )
+    )
 
 
 def print_session(session: Session) -> None:
@@ -241,3 +248,6 @@ def print_session(session: Session) -> None:
         print_lines(tables.curve_lines(session), to_stdout=True)
     if session.kind is SessionKind.DOCTOR:
         print_lines(tables.doctor_lines(session), to_stdout=True)
+    if session.scaling is not None:
+        out.print(terminal.scaling_table(session.scaling))
+        print_lines(tables.scaling_lines(session.scaling), to_stdout=True)

@@ -107,7 +107,8 @@ def check(form: LaunchForm) -> list[str]:
     if config is not None and form.command != "run":
         budget = values.get("budget", options.defaults(form.command)["budget"])
         if budget is None:
-            budget = options.doctor_budget(options.LaneArgs.of(values, form.command))
+            lanes = options.LaneArgs.of(values, form.command)
+            budget = options.doctor_budget(lanes, bool(values.get("scaling")), len(config.lanes))
         try:
             options.check_budget(form.command, budget, config)
         except InputError as error:

@@ -311,6 +311,7 @@ def doctor(
     as_json: bool,
     db: Path | None,
     budget: float | None,
+    scaling: bool = False,
 ) -> int:
     """`probe doctor`: the whole diagnosis, on lanes kept warm, within its budget."""
     from probe.judge.doctor import run_doctor
@@ -323,6 +324,9 @@ def doctor(
         )
     if budget is None:
         budget = doctor_budget(lanes)
+        if scaling:  # its points are counted once the lanes are known
+            count = len(probe_config(pipeline, lanes, Backend.TORCH).lanes)
+            budget = doctor_budget(lanes, scaling, count)
     config, store = prepare(pipeline, lanes, db, Backend.TORCH, session=("doctor", budget))
     cores = _cores_per_lane(config)
     baseline = config.spec.dataloader.num_workers
@@ -334,17 +338,25 @@ def doctor(
             f"consumer: {DOCTOR_CONSUMER}, a training step of 30 ms per batch (ResNet-50 takes "
             "about that at batch 128 on one H200); give --consumer for yours"
         )
+    scaled = ""
+    if len(config.lanes) > 1:
+        word = "GPU" if on_gpu else "lane"
+        scaled = (
+            f"; then the job on 1 {word} and each power of two below {len(config.lanes)}"
+            if scaling
+            else f"; how the job scales from 1 {word} to {len(config.lanes)} is predicted"
+        )
     console.err.print(
         f"doctor: yours (num_workers={baseline}) first, then the DataLoader around the knee "
         "its run predicts (where a term cannot be measured, workers from yours over "
         f"{', '.join(map(str, settings))}), DALI with {threads} threads, the epoch reading where "
-        f"it matters, and a verification; each point until images/s is known within "
+        f"it matters, and a verification{scaled}; each point until images/s is known within "
         f"{config.precision:.0%}; budget {budget:g} s; store: {store.path}"
     )
     with console.stopping_on_signals(stop := threading.Event()):
         session = run_doctor(
             config, settings, baseline, threads, budget, store, stop=stop,
-            on_event=console.narrate, started=STARTED,
+            on_event=console.narrate, started=STARTED, scaling=scaling,
         )  # fmt: skip
     store.close()
     if as_json:

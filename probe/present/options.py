@@ -42,6 +42,8 @@ DOCTOR_CONSUMER = "sleep:30"  # what ResNet-50 takes per batch of 128 on one H20
 # ResNet-50 on an H100, the sample data included), and a pipeline starved on large images needs
 # longer points; a CPU one has no model.
 DOCTOR_BUDGET_S = {"gpu": 180.0, "cpu": 90.0}
+# --scaling adds a point per pipeline for 1 GPU and each power of two below N: each about this
+SCALING_POINT_S = {"gpu": 25.0, "cpu": 15.0}
 SWEEP_BUDGET_S = 120.0
 SESSIONS = {"sweep": (2, "a sweep"), "doctor": (1, "a diagnosis")}  # points a budget must fit
 MEASURING = ("run", "sweep", "doctor")
@@ -190,6 +192,11 @@ FLAGS: tuple[Flag, ...] = (
          "Seconds for the whole diagnosis, start-ups included; it ends sooner when its search "
          f"does.  [default: {DOCTOR_BUDGET_S['gpu']:g} on GPUs, {DOCTOR_BUDGET_S['cpu']:g} on "
          "the CPU]",
+         group="command", commands=("doctor",)),
+    Flag("--scaling", "scaling", None, bool, False,
+         "On several GPUs: measure the job on 1 GPU and each power of two below too (the "
+         "DataLoader and DALI), checking how it scales on this host's cores; the default "
+         f"budget grows by about {SCALING_POINT_S['gpu']:g} s a point.",
          group="command", commands=("doctor",)),
 )  # fmt: skip
 
@@ -391,12 +398,15 @@ def check_budget(command: str, budget_s: float, config: ProbeConfig) -> None:
     check(budget_s, points, config, what)
 
 
-def doctor_budget(lanes: LaneArgs) -> float:
-    """The doctor's budget where none is given: more on GPUs, where a model is built first."""
+def doctor_budget(lanes: LaneArgs, scaling: bool = False, count: int = 1) -> float:
+    """The doctor's budget where none is given: more on GPUs, where a model is built first;
+    with `scaling`, a point per pipeline for each count of its `count` lanes it checks."""
+    from probe.judge.scaling import checked_counts
     from probe.measure.devices import cuda_devices, select_gpus
 
-    on_gpu = select_gpus(lanes.gpus, cuda_devices()) is not None
-    return DOCTOR_BUDGET_S["gpu" if on_gpu else "cpu"]
+    kind = "gpu" if select_gpus(lanes.gpus, cuda_devices()) is not None else "cpu"
+    extra = 2 * len(checked_counts(count)) * SCALING_POINT_S[kind] if scaling else 0.0
+    return DOCTOR_BUDGET_S[kind] + extra
 
 
 def decimal(value: float) -> str:

@@ -39,11 +39,14 @@ from probe.present import charts
 from probe.present.jsontext import json_text
 from probe.present.options import reproduce_command
 from probe.present.tables import (
+    ASIDE,
     Grid,
     brief_grid,
+    consumer_line,
     curve_lines,
     epochs_lines,
     headline,
+    job_scope,
     lane_grid,
     pipeline_only,
     point_grid,
@@ -51,8 +54,11 @@ from probe.present.tables import (
     recommendation_grid,
     recommendation_notes,
     recommendation_rates,
+    run_devices,
     run_notes,
     run_wait,
+    scaling_grid,
+    scaling_lines,
 )
 from probe.store.db import Store
 from probe.store.documents import RunBrief, RunDocument, read_run
@@ -102,6 +108,20 @@ class Report:
         return self.diagnosis.recommendations
 
     @property
+    def asides(self) -> tuple[Recommendation, ...]:
+        """The changes set aside: measured or predicted below yours."""
+        if self.session is not None and self.session.verdict is not None:
+            return self.session.asides
+        return self.diagnosis.asides
+
+    @property
+    def scope(self) -> str:
+        """Whose the recommendations' images/s are (`job_scope`)."""
+        if self.session is not None and self.session.devices:
+            return job_scope(self.session.devices)
+        return job_scope(run_devices(self.run))
+
+    @property
     def subject(self) -> str:
         if self.session is not None:
             return f"{self.kind} session {self.session.session_id}"
@@ -125,6 +145,7 @@ class Report:
             "subject": self.subject,
             "verdict": self.verdict.to_json(),
             "recommendations": [r.to_json() for r in self.recommendations],
+            "asides": [r.to_json() for r in self.asides],
             "run": self.run.to_json(),
             "diagnosis": self.diagnosis.to_json(),
             "session": None if self.session is None else self.session.to_json(),
@@ -191,7 +212,7 @@ def markdown(report: Report) -> str:
     if top is not None:
         action = _md_prose(top.action)
         line = f"**Top recommendation**: `{_code(top.setting)}`: {action}"
-        lines += [line + recommendation_rates(top), ""]
+        lines += [line + recommendation_rates(top, report.scope), ""]
     verify = None if report.session is None else report.session.verify
     if verify is not None and verify.outcome:  # the check changed or kept the answer: say so
         lines += [f"**Its verification**: {_md_prose(verify.outcome)}", ""]
@@ -350,16 +371,19 @@ def _verdict_html(report: Report) -> str:
 
 
 def _recommendations_html(report: Report) -> str:
-    if not report.recommendations:
-        return ""
-    notes = "".join(
-        f"<li>{_prose(line)}</li>" for line in recommendation_notes(report.recommendations)
-    )
-    return (
-        "<h2>Recommendations</h2>"
-        + _grid(recommendation_grid(report.recommendations))
-        + f"<ol class=note>{notes}</ol>"
-    )
+    parts = []
+    for title, items in (("Recommendations", report.recommendations),
+                         (f"Not recommended: {ASIDE}", report.asides)):  # fmt: skip
+        if not items:
+            continue
+        notes = "".join(f"<li>{_prose(line)}</li>" for line in recommendation_notes(items))
+        scope = f" (images/s{report.scope})" if report.scope else ""
+        parts.append(
+            f"<h2>{_h(title)}{_h(scope)}</h2>"
+            + _grid(recommendation_grid(items))
+            + f"<ol class=note>{notes}</ol>"
+        )
+    return "".join(parts)
 
 
 def _session_html(report: Report) -> str:
@@ -389,18 +413,19 @@ def _session_html(report: Report) -> str:
         out.append(f"<p>DALI: not measured: {_prose(dali.reason)}</p>")
     if session.kind is SessionKind.DOCTOR:
         lines = epochs_lines(session.epochs)
-        alone = session.consumer_alone
-        if alone and alone.get("images_per_s"):
-            lines.append(
-                "the consumer alone, on batches already on the device: "
-                f"{IMAGES_PER_S.text(alone['images_per_s'], alone.get('images_per_s_error'))}: "
-                "the most any input fix can give"
-            )
+        alone = consumer_line(session)
+        if alone is not None:
+            lines.append(alone)
         if session.startup_s:
             lines.append(
                 f"the lanes started once for the whole session, in {session.startup_s:.1f} s"
             )
         out += [f"<p>{_prose(line)}</p>" for line in lines]
+    if session.scaling is not None:
+        out.append(f"<h2>From 1 {_h(session.scaling.device)} to {session.scaling.lanes}</h2>")
+        out.append(charts.html_div(charts.scaling_chart(session.scaling)))
+        out.append(_grid(scaling_grid(session.scaling)))
+        out += [f"<p class='note'>{_prose(line)}</p>" for line in scaling_lines(session.scaling)]
     return "".join(out)
 
 

@@ -7,12 +7,13 @@ Labels, units and formats are those of `probe.metrics`.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from probe.judge.changes import Recommendation
-from probe.judge.results import EpochsRun, Session
+from probe.judge.results import DALI, TORCH, EpochsRun, Scaling, Session
 from probe.judge.thresholds import KNEE_WITHIN, Severity
 from probe.judge.verdicts import Verdict
 from probe.metrics import (
@@ -21,6 +22,7 @@ from probe.metrics import (
     IMAGES_PER_S,
     KERNEL_ACTIVE,
     LATENCY,
+    NVJPG,
     LaneFigures,
     busy_metric,
 )
@@ -76,9 +78,12 @@ def run_wait(document: RunDocument) -> str:
 
 def lane_grid(document: RunDocument) -> Grid:
     """One row per lane of a run: where it ran, its steady figures with their errors, its GPU
-    busy-ness (labelled with its metric) and the CPU cores its processes used."""
+    busy-ness (labelled with its metric), its GPU's hardware JPEG decoder where it was read
+    (DALI `mixed`), and the CPU cores its processes used."""
+    decoder = any(lane.figures.nvjpg_pct is not None for lane in document.lanes)
     header = ("lane", "device", "shard", "status", "batches", IMAGES_PER_S.heading,
-              DATA_WAIT.heading, LATENCY_HEADING, "GPU busy", CPU.heading, "reason")  # fmt: skip
+              DATA_WAIT.heading, LATENCY_HEADING, "GPU busy",
+              *((f"{NVJPG.label} %",) if decoder else ()), CPU.heading, "reason")  # fmt: skip
     rows = []
     for lane in document.lanes:
         figures = lane.figures
@@ -94,11 +99,13 @@ def lane_grid(document: RunDocument) -> Grid:
                 DATA_WAIT.cell(figures.data_wait_frac, figures.data_wait_frac_error),
                 "/".join(LATENCY.number(v) for v in (latency.p50, latency.p95, latency.p99)),
                 gpu_busy(figures),
+                *((NVJPG.cell(figures.nvjpg_pct),) if decoder else ()),
                 CPU.cell(figures.cpu_pct),
                 lane.reason or "",
             )
         )
-    return Grid(header, tuple(rows), frozenset({0, 4, 5, 6, 7, 9}))
+    numeric = {0, 4, 5, 6, 7, 9, 10} if decoder else {0, 4, 5, 6, 7, 9}
+    return Grid(header, tuple(rows), frozenset(numeric))
 
 
 def brief_grid(briefs: Sequence[RunBrief]) -> Grid:
@@ -149,18 +156,18 @@ def recommendation_notes(recommendations: Sequence[Recommendation]) -> list[str]
     ]
 
 
-def recommendation_text(item: Recommendation) -> str:
+def recommendation_text(item: Recommendation, scope: str = "") -> str:
     """A recommendation in one line: the change, what it does, and its images/s, predicted and
-    verified."""
-    return f"{item.setting}: {item.action}{recommendation_rates(item)}"
+    verified (`scope`: whose, `job_scope`)."""
+    return f"{item.setting}: {item.action}{recommendation_rates(item, scope)}"
 
 
-def recommendation_rates(item: Recommendation) -> str:
+def recommendation_rates(item: Recommendation, scope: str = "") -> str:
     """'; predicted 3,659 ± 44 images/s, verified 3,633 images/s' (what of it is known)."""
     text = ""
     if item.predicted_images_per_s is not None:
         predicted = IMAGES_PER_S.text(item.predicted_images_per_s, item.predicted_error)
-        text += f"; predicted {predicted}"
+        text += f"; predicted {predicted}{scope}"
     if item.measured_images_per_s is not None:
         text += f", verified {IMAGES_PER_S.text(item.measured_images_per_s)}"
     return text
@@ -179,7 +186,7 @@ def point_grid(session: Session) -> Grid:
     predicting = session.curve is not None and knob == "num_workers"
     header = (
         knob,
-        IMAGES_PER_S.heading,
+        IMAGES_PER_S.heading + job_scope(session.devices),
         *(("predicted", "predicted vs measured") if predicting else ()),
         DATA_WAIT.heading,
         CPU.heading,
@@ -250,6 +257,110 @@ def curve_lines(session: Session) -> list[str]:
         f"by the {curve.bound(close)})",
         f"its terms, measured: {curve.text}",
     ]
+
+
+def consumer_line(session: Session) -> str | None:
+    """The consumer alone as the session measured it (lane 0's), per GPU where the session ran
+    several lanes, with the job's."""
+    alone = session.consumer_alone
+    if not alone or not alone.get("images_per_s"):
+        return None
+    rate, lanes = alone["images_per_s"], session.lanes or 1
+    shown = IMAGES_PER_S.text(rate, alone.get("images_per_s_error"))
+    if lanes > 1:
+        word = job_scope(session.devices).split()[-1].rstrip("s")  # GPU, or lane
+        shown += f" per {word} ({rate * lanes:,.0f} for all {lanes} {word}s)"
+    return (
+        f"the consumer alone, on batches already on the device: {shown}: the most any input "
+        "fix can give"
+    )
+
+
+def scaling_grid(scaling: Scaling) -> Grid:
+    """The job on 1 to N GPUs: the DataLoader's workers per GPU, and for each pipeline the
+    job's images/s predicted, measured where it was (against the prediction), and per GPU
+    (measured where it was, else predicted). DALI's setting is the same on every row
+    (`scaling_lines` says it)."""
+    device = scaling.device
+    header = [f"{device}s"]
+    pipelines = [(key, name) for key, name in ((TORCH, "DataLoader"), (DALI, "DALI"))
+                 if scaling.at(key, 1) is not None]  # fmt: skip
+    for key, name in pipelines:
+        header += [*(["workers"] if key == TORCH else []), f"{name} predicted",
+                   f"{name} measured", f"{name} per {device}"]  # fmt: skip
+    rows, numeric = [], {0}
+    for gpus in range(1, scaling.lanes + 1):
+        row = [str(gpus)]
+        for key, _ in pipelines:
+            point = scaling.at(key, gpus)
+            assert point is not None
+            rate = point.images_per_s
+            measured = IMAGES_PER_S.cell(
+                point.measured_images_per_s, point.measured_images_per_s_error
+            )
+            if point.error_frac is not None:
+                measured += f" ({point.error_frac:+.1%})"
+            if key == TORCH:
+                row.append(point.setting.removeprefix("num_workers="))
+            row += [
+                IMAGES_PER_S.cell(point.predicted_images_per_s),
+                measured,
+                IMAGES_PER_S.cell(None if rate is None else rate / gpus),
+            ]
+        rows.append(tuple(row))
+    numeric = set(range(len(header)))
+    return Grid(tuple(header), tuple(rows), frozenset(numeric))
+
+
+def scaling_lines(scaling: Scaling) -> list[str]:
+    """What the scaling table says: whose figures, the cores per GPU each pipeline needs to keep
+    up with the consumer alone, the GPUs this host's cores feed, and each check."""
+    device, cores = scaling.device, f"{scaling.cores:g}"
+    dali = scaling.at(DALI, 1)
+    lines = [
+        f"scaling on this host's {cores} cores, 1 to {scaling.lanes} {device}s, one process "
+        f"per {device}: images/s for the job, and per {device}; predicted from the runs on "
+        f"{scaling.lanes}"
+        + ("" if dali is None else f"; DALI as {dali.setting.removeprefix('DALI ')} on each")
+        + (f"; {scaling.unchecked}" if scaling.unchecked else "")
+    ]
+    alone = scaling.consumer_images_per_s
+    for key, name in ((TORCH, "the DataLoader"), (DALI, "DALI")):
+        need = scaling.cores_needed(key)
+        cpu_ms = scaling.torch_cpu_ms if key == TORCH else scaling.dali_cpu_ms
+        if need is None or alone is None or cpu_ms is None:
+            continue
+        usable = max(0.0, scaling.cores - scaling.other_cores)
+        other = (
+            f" (less the {scaling.other_cores:.1f} other processes use)"
+            if scaling.other_cores >= 0.05
+            else ""
+        )
+        fed = usable / need
+        feeds = (
+            f"{fed:.1f} of a {device}'s worth"
+            if fed < 1
+            else f"{math.floor(fed)} {device}{'' if math.floor(fed) == 1 else 's'}"
+        )
+        lines.append(
+            f"{name} needs {need:.1f} cores per {device} to keep up with the consumer alone "
+            f"({alone:,.0f} images/s per {device}, {cpu_ms:.2f} ms of CPU per image): the "
+            f"host's {cores} cores{other} feed {feeds} at that rate"
+        )
+    for point in (p for p in scaling.points if p.error_frac is not None):
+        shown = IMAGES_PER_S.text(point.measured_images_per_s, point.measured_images_per_s_error)
+        lines.append(
+            f"checked on {point.gpus} {device}{'' if point.gpus == 1 else 's'}: "
+            f"{point.setting} predicted {IMAGES_PER_S.text(point.predicted_images_per_s)}, "
+            f"measured {shown} ({point.error_frac:+.1%} against the prediction"
+            + (
+                ", beyond its error and the drift between runs: the measured figure stands"
+                if point.missed
+                else ""
+            )
+            + f"; run {point.run_id})"
+        )
+    return lines
 
 
 def gpu_busy(figures: LaneFigures) -> str:
@@ -371,26 +482,54 @@ def because(reason: str | None) -> str:
     return f": {reason}" if reason else ""
 
 
-def diagnosis_lines(verdict: Verdict, recommendations: Sequence[Recommendation]) -> list[str]:
-    """A verdict with its evidence, then the recommendations, ranked."""
+def job_scope(devices: Sequence[str]) -> str:
+    """Whose a run's or a session's images/s are, where it has several lanes: " for all 4
+    GPUs" (" for all 2 lanes" on the CPU); nothing for one lane."""
+    if len(devices) <= 1:
+        return ""
+    word = "GPUs" if any(device.startswith("cuda") for device in devices) else "lanes"
+    return f" for all {len(devices)} {word}"
+
+
+def run_devices(document: RunDocument) -> tuple[str, ...]:
+    """A run's lanes' devices: "cuda:N", or "cpu"."""
+    return tuple(lane.device for lane in document.lanes)
+
+
+def diagnosis_lines(
+    verdict: Verdict,
+    recommendations: Sequence[Recommendation],
+    asides: Sequence[Recommendation] = (),
+    scope: str = "",
+) -> list[str]:
+    """A verdict with its evidence, then the recommendations, ranked, then the changes set
+    aside (below yours); `scope` says whose images/s they are (`job_scope`)."""
     lines = [f"verdict: {headline(verdict)}"] + [f"  - {item.text}" for item in verdict.evidence]
-    if recommendations:
-        lines.append("recommendations:")
-    for rank, item in enumerate(recommendations, 1):
-        predicted = item.predicted_images_per_s
-        line = f"  {rank}. {item.setting}: {item.action}"
-        if predicted is not None:
-            shown = IMAGES_PER_S.text(predicted, item.predicted_error)
-            line += f"; predicted {shown} ({item.basis})"
-        else:
-            line += f" ({item.basis})"
-        if item.measured_images_per_s is not None:
-            measured = item.measured_images_per_s
-            change = f" ({measured / predicted - 1:+.1%})" if predicted else ""
-            line += f"; verified: {IMAGES_PER_S.text(measured)}{change}"
-        lines.append(line)
-        lines += [f"     {note}" for note in item.notes]
+    for title, items in (("recommendations", recommendations),
+                         (f"not recommended: {ASIDE}", asides)):  # fmt: skip
+        if items:
+            lines.append(f"{title}:")
+        for rank, item in enumerate(items, 1):
+            lines += _recommendation_lines(rank, item, scope)
     return lines
+
+
+ASIDE = "measured or predicted below yours"  # what sets a change aside
+
+
+def _recommendation_lines(rank: int, item: Recommendation, scope: str) -> list[str]:
+    predicted = item.predicted_images_per_s
+    line = f"  {rank}. {item.setting}: {item.action}"
+    if predicted is not None:
+        shown = IMAGES_PER_S.text(predicted, item.predicted_error)
+        line += f"; predicted {shown}{scope} ({item.basis})"
+    else:
+        line += f" ({item.basis})"
+    if item.measured_images_per_s is not None:
+        measured = item.measured_images_per_s
+        change = f" ({measured / predicted - 1:+.1%})" if predicted else ""
+        line += f"; verified: {IMAGES_PER_S.text(measured)}{change}"
+    return [line, *(f"     {note}" for note in item.notes)]
 
 
 def doctor_lines(session: Session) -> list[str]:
@@ -398,7 +537,9 @@ def doctor_lines(session: Session) -> list[str]:
     verification, as text."""
     if session.verdict is None:
         return [f"session {session.session_id}: no answer{because(session.reason)}"]
-    return diagnosis_lines(session.verdict, session.recommendations) + doctor_notes(session)
+    return diagnosis_lines(
+        session.verdict, session.recommendations, session.asides, job_scope(session.devices)
+    ) + doctor_notes(session)
 
 
 def doctor_notes(session: Session) -> list[str]:

@@ -14,7 +14,7 @@ from typing import Any
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.table import Table
 
-from probe.judge.results import Session
+from probe.judge.results import Scaling, Session
 from probe.measure.bench import BenchResult
 from probe.metrics import DATA_WAIT, IMAGES_PER_S, LaneFigures
 from probe.present.tables import (
@@ -24,6 +24,7 @@ from probe.present.tables import (
     point_grid,
     point_notes,
     run_wait,
+    scaling_grid,
 )
 from probe.store.documents import RunDocument
 
@@ -151,6 +152,17 @@ def sweep_table(session: Session) -> Table:
             table.add_column(column, **_whole(row[i] for row in grid.rows))
         else:
             table.add_column(column, justify="right" if i in grid.numeric else "left")
+    for row in grid.rows:
+        table.add_row(*row)
+    return table
+
+
+def scaling_table(scaling: Scaling) -> Table:
+    """The job on 1 to N GPUs of one host, each pipeline predicted and measured."""
+    grid = scaling_grid(scaling)
+    table = Table(title=f"from 1 {scaling.device} to {scaling.lanes}, images/s for the job")
+    for i, column in enumerate(grid.header):
+        table.add_column(column, justify="right" if i in grid.numeric else "left")
     for row in grid.rows:
         table.add_row(*row)
     return table

@@ -25,6 +25,10 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from probe.judge.results import Session
+from probe.present.tables import doctor_lines, scaling_lines
+from probe.present.terminal import scaling_table, sweep_table
+
 
 def probe(out: Path, name: str, *args: str) -> tuple[dict[str, Any] | None, float, int]:
     """`python -m probe ARGS --json`: its document (saved as NAME.json), wall time, exit; a
@@ -65,17 +69,32 @@ def rate(document: dict[str, Any] | None) -> tuple[float | None, float | None]:
     return document.get("images_per_s"), document.get("images_per_s_error")
 
 
+def show_session(console: Console, session: Session) -> None:
+    """The doctor's answer, its points and its scaling, as `probe show` prints them."""
+    for line in doctor_lines(session):
+        console.print(line, markup=False, highlight=False)
+    console.print(sweep_table(session))
+    if session.scaling is not None:
+        console.print(scaling_table(session.scaling))
+        for line in scaling_lines(session.scaling):
+            console.print(line, markup=False, highlight=False)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--long-s", type=float, default=120.0, help="each long run's length")
     parser.add_argument("--sweep", default="", help="DataLoader settings, e.g. 8,12,16")
     parser.add_argument("--sweep-batches", type=int, default=300)
+    parser.add_argument(
+        "--only-recommended", action="store_true", help="a long run of the recommendation alone"
+    )
     parser.add_argument("flags", nargs=argparse.REMAINDER, help="-- then the doctor's flags")
     args = parser.parse_args()
     flags = [f for f in args.flags if f != "--"]
     args.out.mkdir(parents=True, exist_ok=True)
-    common = list(flags)  # the same data, consumer and devices: all but the doctor's budget
+    # the same data, consumer and devices: all but the doctor's own flags
+    common = [f for f in flags if f != "--scaling"]
     if "--budget" in common:
         at = common.index("--budget")
         del common[at : at + 2]
@@ -107,10 +126,11 @@ def main() -> None:
         )  # fmt: skip
 
     long = ["--duration", f"{args.long_s:g}"]
-    mine, _, _ = probe(args.out, "yours", "run", *common, "--workers",
-                       str(yours["num_workers"]), *long)  # fmt: skip
-    row(f"yours, {args.long_s:g} s", f"num_workers={yours['num_workers']}", mine,
-        yours["images_per_s"])  # fmt: skip
+    if not args.only_recommended:
+        mine, _, _ = probe(args.out, "yours", "run", *common, "--workers",
+                           str(yours["num_workers"]), *long)  # fmt: skip
+        row(f"yours, {args.long_s:g} s", f"num_workers={yours['num_workers']}", mine,
+            yours["images_per_s"])  # fmt: skip
     if top["change"]["knob"] in ("num_workers", "pipeline") and top["setting"] != (
         f"num_workers={yours['num_workers']}"
     ):
@@ -129,6 +149,7 @@ def main() -> None:
             best = (images, f"num_workers={value}")
     console.print(table)
     console.print(f"recommendation 1: {top['setting']}: {top['action']}")
+    show_session(console, Session.from_json(doctor))
     if best is not None:
         console.print(
             f"the long sweep's best: {best[1]}, {best[0]:,.0f} images/s; the recommendation's "

@@ -11,7 +11,7 @@ Where a chart needs a sentence under it, it is made here too (`slowest_line`, `s
 that the dashboard and the reports say the same.
 """
 
-from probe.present.charts.comparisons import compare_bars, sweep_curve
+from probe.present.charts.comparisons import compare_bars, scaling_chart, sweep_curve
 from probe.present.charts.page import CHART_CLASS, PLOTLY_BUNDLE, html_div, page_script
 from probe.present.charts.runs import (
     CAPACITY_WAIT,
@@ -51,6 +51,7 @@ __all__ = [
     "page_script",
     "run_figures",
     "run_phases",
+    "scaling_chart",
     "slowest_line",
     "stage_bars",
     "stage_line",

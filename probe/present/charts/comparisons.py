@@ -1,5 +1,5 @@
-"""Figures that set results side by side: a sweep's images/s over its settings (`sweep_curve`)
-and runs compared (`compare_bars`).
+"""Figures that set results side by side: a sweep's images/s over its settings (`sweep_curve`),
+the job's images/s per GPU over its GPUs (`scaling_chart`) and runs compared (`compare_bars`).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from probe.judge.results import Session
+from probe.judge.results import DALI, TORCH, Scaling, Session
 from probe.metrics import (
     CPU,
     DATA_WAIT,
@@ -89,6 +89,60 @@ def sweep_curve(session: Session) -> go.Figure:
     )
     figure.update_yaxes(title_text="images/s", rangemode="tozero")
     return layout(figure, f"Sweep of {knob}", height=380)
+
+
+def scaling_chart(scaling: Scaling) -> go.Figure:
+    """Images/s per GPU against the GPUs of one host: each pipeline's prediction as a line,
+    what was measured as markers (± 95%); a pipeline whose per-GPU rate falls as GPUs are
+    added is short of cores."""
+    device = scaling.device
+    figure = go.Figure()
+    for (key, name), color in zip(((TORCH, "DataLoader"), (DALI, "DALI")), PALETTE, strict=False):
+        points = [p for p in scaling.points if p.pipeline == key]
+        if not points:
+            continue
+        figure.add_trace(
+            go.Scatter(
+                x=[p.gpus for p in points],
+                y=[(p.predicted_images_per_s or 0.0) / p.gpus for p in points],
+                mode="lines",
+                line={"color": color, "dash": "dash"},
+                name=f"{name}, predicted",
+                hovertemplate=f"{name} predicted: %{{y:,.0f}} images/s per {device}<extra></extra>",
+            )
+        )
+        measured = [p for p in points if p.measured_images_per_s is not None]
+        if measured:
+            figure.add_trace(
+                go.Scatter(
+                    x=[p.gpus for p in measured],
+                    y=[(p.measured_images_per_s or 0.0) / p.gpus for p in measured],
+                    mode="markers",
+                    marker={"color": color, "size": 11},
+                    error_y={
+                        "type": "data",
+                        "array": [
+                            (p.measured_images_per_s_error or 0.0) / p.gpus for p in measured
+                        ],
+                    },
+                    name=f"{name}, measured",
+                    hovertemplate=f"{name} measured: %{{y:,.0f}} images/s per {device}"
+                    "<extra></extra>",
+                )
+            )
+    if scaling.consumer_images_per_s:
+        figure.add_hline(
+            y=scaling.consumer_images_per_s,
+            line_dash="dot",
+            line_color="#7f7f7f",
+            annotation_text=f"the consumer alone: "
+            f"{IMAGES_PER_S.text(scaling.consumer_images_per_s)} per {device}",
+            annotation_position="top left",
+        )
+    counts = list(range(1, scaling.lanes + 1))
+    figure.update_xaxes(title_text=f"{device}s", tickvals=counts, ticktext=[str(c) for c in counts])
+    figure.update_yaxes(title_text=f"images/s per {device}", rangemode="tozero")
+    return layout(figure, f"Images/s per {device} on {scaling.cores:g} cores", height=380)
 
 
 def _side(setting: int | None, settings: Sequence[int]) -> str:

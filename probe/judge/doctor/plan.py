@@ -1,0 +1,348 @@
+"""The doctor's plan: `run_doctor`, which orders the session (your setting first, then DALI or
+the worker search by the gain they may bring, DALI's point, the verification, the epoch
+reading), the searches that pick which DataLoader settings are measured, and the session where
+your setting could not be judged on.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+from typing import Any
+
+from pipelines import Backend, BackendUnavailable, check_backend
+from probe.judge.changes import workers as yours
+from probe.judge.diagnosis import diagnose_run
+from probe.judge.doctor.answer import (
+    answer,
+    baseline_verdict,
+    epoch_recommendations,
+    verify,
+    weigh_dali,
+)
+from probe.judge.doctor.points import dali_point, epochs_point, scaling_points
+from probe.judge.facts import run_facts
+from probe.judge.knee import SweepPoint, analyze_sweep, past_the_peak
+from probe.judge.model import Curve, run_curve
+from probe.judge.recommend import one_each, set_aside
+from probe.judge.results import (
+    DALI,
+    NOT_VERIFIED,
+    TORCH,
+    DaliRun,
+    ScalePoint,
+    Scaling,
+    Session,
+    SessionKind,
+)
+from probe.judge.scaling import predict
+from probe.judge.session import (
+    Budget,
+    OnEvent,
+    Points,
+    WarmSession,
+    budget_short,
+    check_budget,
+    startup_guess,
+)
+from probe.judge.thresholds import KNEE_WITHIN, WAIT_MODERATE
+from probe.judge.verdicts import VerdictKind
+from probe.measure.config import ProbeConfig, check_config
+from probe.measure.consumers import model_note
+from probe.measure.lane import Read
+from probe.measure.runner import Lanes
+from probe.metrics import CPU
+from probe.records import RunStatus
+from probe.steady import above, at_least
+from probe.store.db import Store
+from probe.store.documents import read_run
+
+REFINE_KNEE = 2  # halvings of the gap below the knee the doctor may measure
+PREDICTED_POINTS = 3  # DataLoader settings measured around a predicted knee, yours included
+NEIGHBOUR_STEP = 0.25  # the setting beside the predicted knee: a quarter of it away
+# Where yours starves with the CPU saturated, DALI (decoding on the GPU, or on DALI's threads)
+# is what may gain: it is measured before any worker.
+DALI_FIRST = frozenset({VerdictKind.STARVED_CPU_SATURATED})
+
+
+def run_doctor(
+    base: ProbeConfig,
+    workers: list[int],
+    baseline_workers: int,
+    dali_threads: int,
+    budget_s: float,
+    store: Store,
+    *,
+    stop: threading.Event | None = None,
+    on_event: OnEvent = lambda kind, payload: None,
+    started: float | None = None,
+    scaling: bool = False,
+) -> Session:
+    """The whole diagnosis: your setting, then DALI or the worker search (in order of the gain
+    they may bring), the epoch reading, the verdict, the recommendations, the verification;
+    on several lanes, the job on 1 to N of them predicted (and with `scaling`, measured on 1
+    and each power of two below N). Stores the session and returns it (its document:
+    `Session.to_json`).
+
+    Args:
+        base: the probe (consumer, lanes, pipeline options, reading) every run shares.
+        workers: the DataLoader worker counts the search may visit (the baseline is added).
+        baseline_workers: your setting, whose run the verdict is about.
+        dali_threads: DALI's threads for its run.
+        started: when the budget started counting (the command's start); default now.
+
+    Raises:
+        InputError: the budget cannot fit one trustworthy point, or no lane could read a batch
+            of its input.
+    """
+    check_budget(budget_s, 1, base, "a diagnosis")
+    base = replace(base, read=Read.STREAM)  # the epoch reading is a point of its own
+    checked = check_config(base)
+    dali_reason = _dali_unavailable()
+    budget = Budget(budget_s, started, startup_guess(base))
+    stop = stop or threading.Event()
+    grid = sorted(set(workers) | {baseline_workers})
+    with Lanes(base.lanes, base.consumer, checked.num_classes, stop) as lanes:
+        session = WarmSession(store, "doctor", stop, on_event, lanes, checked, budget)
+        points = Points(session, base, "num_workers")
+        heading: dict[str, Any] = {
+            "kind": SessionKind.DOCTOR, "session_id": session.session_id,
+            "created": session.created, "consumer": str(base.consumer), "budget_s": budget_s,
+            "precision": base.precision, "consumer_note": model_note(base.consumer),
+            "lanes": len(base.lanes),
+            "devices": tuple(
+                "cpu" if p.device is None else f"cuda:{p.device.index}" for p in base.lanes
+            ),
+        }  # fmt: skip
+        # planned after yours: DALI or the search, and the verification
+        baseline = points.measure(baseline_workers, later=2, reserve=0)
+        if baseline is None:  # nothing judged on: answered from its run where it measured
+            result = _unanswered(session, points, baseline_workers, heading)
+            session.save(result)
+            return result
+        assert baseline.run_id is not None
+        curve = run_curve(store, baseline.run_id)
+        first = diagnose_run(store, baseline.run_id).verdict
+        cores = run_facts(store, baseline.run_id)[0].host_cpus
+        dali: DaliRun | None = None
+        if dali_reason is None and first.reliable and first.kind in DALI_FIRST:
+            dali = dali_point(session, base, dali_threads, dali_reason)
+        reserve = (1 if dali is None and dali_reason is None else 0) + 1  # DALI, verification
+        ahead = dali is not None and weigh_dali(store, dali, baseline, baseline.estimate,
+                                                 first, cores)[1]  # fmt: skip
+        if ahead:  # the budget goes to checking DALI: no number of workers changes the answer
+            points.skip(
+                [v for v in grid if v != baseline.setting],
+                "DALI measured worth the migration against yours: the workers were not searched",
+            )
+        elif curve is None:  # a term was not measured: the ladder, measured
+            _search(points, grid, baseline, reserve)
+        else:
+            _search_predicted(points, curve, baseline, reserve)
+        # DataLoader points before DALI's where it comes after them: their workers then fork
+        # from a process DALI's threads have not run in yet
+        if dali is None:
+            dali = dali_point(session, base, dali_threads, dali_reason)
+        analysis = analyze_sweep(list(points.measured.values()), "num_workers")
+        verdict = baseline_verdict(store, baseline, analysis, points)
+        recommendations, asides, dali = answer(
+            store, analysis, baseline, verdict, dali, curve, cores
+        )
+        verification, recommendations, dali = verify(
+            session, base, recommendations, baseline, verdict, dali, cores
+        )
+        scaled = _scaling(session, base, analysis.knee, curve, dali, cores, scaling)
+        # what is left of the budget reads your setting epoch by epoch: what its starts cost
+        epochs = epochs_point(session, base, baseline, checked)
+        if verdict.reliable:
+            fixes = epoch_recommendations(store, epochs, baseline)
+            recommendations, losing = set_aside(
+                one_each([*recommendations, *fixes]), baseline.estimate, yours(baseline.setting)
+            )
+            asides = one_each([*asides, *losing])
+    status, reason = points.status()
+    if verification is None and status is RunStatus.COMPLETED and verdict.reliable:
+        why = budget_short(budget) if not budget.fits() else "it is no change a session can run"
+        earlier = [] if reason is None else [reason.removeprefix("partial: ")]
+        reason = "partial: " + "; ".join([*earlier, f"{NOT_VERIFIED}: {why}"])
+    result = Session(
+        **heading,
+        status=status,
+        reason=reason,
+        elapsed_s=budget.elapsed(),
+        points=analysis.points,
+        best=analysis.best,
+        knee=analysis.knee,
+        oversubscribed=tuple(p.setting for p in analysis.oversubscribed),
+        skipped=tuple(points.skipped),
+        run_ids=tuple(session.run_ids),
+        startup_s=session.startup_s,
+        consumer_alone=session.consumer_alone(),
+        verdict=verdict,
+        verdict_run_id=baseline.run_id,
+        recommendations=tuple(recommendations),
+        asides=tuple(asides),
+        dali=dali,
+        epochs=epochs,
+        verify=verification,
+        curve=curve,
+        scaling=scaled,
+    )
+    session.save(result)
+    return result
+
+
+def _scaling(
+    session: WarmSession,
+    base: ProbeConfig,
+    knee: SweepPoint | None,
+    curve: Curve | None,
+    dali: DaliRun,
+    cores: float,
+    check: bool,
+) -> Scaling | None:
+    """On several lanes, the job on 1 to N of them: predicted from the runs on N, with what
+    the session measured on N beside it (the DataLoader's `knee`, DALI), and with `check`,
+    measured on fewer."""
+    alone = (session.consumer_alone() or {}).get("images_per_s")
+    on_gpu = any(plan.device is not None for plan in base.lanes)
+    scaled = predict(curve, dali, alone, len(base.lanes), cores, on_gpu)
+    if scaled is None:
+        return None
+    lanes = scaled.lanes
+    if curve is not None and knee is not None and knee.run_id is not None:  # on N, measured
+        point = ScalePoint(lanes, TORCH, yours(knee.setting).setting,
+                           curve.images_per_s(knee.setting), knee.images_per_s,
+                           knee.images_per_s_error, knee.run_id,
+                           fitted=knee.setting == curve.workers)  # fmt: skip
+        scaled = replace(scaled, points=tuple(
+            point if (p.pipeline, p.gpus) == (TORCH, lanes) else p for p in scaled.points
+        ))  # fmt: skip
+    if dali.judged and dali.run_id is not None and dali.images_per_s is not None:
+        scaled = scaled.with_measured(
+            DALI, lanes, dali.images_per_s, dali.images_per_s_error, dali.run_id, fitted=True
+        )
+    if not check:
+        return replace(scaled, unchecked="predicted: `probe doctor --scaling` measures it")
+    return scaling_points(session, base, scaled, later=1)
+
+
+def _unanswered(
+    session: WarmSession, points: Points, setting: int, heading: dict[str, Any]
+) -> Session:
+    """The session where your setting was not judged on: answered from its run alone where
+    that measured batches (its verdict, and its own recommendations, estimated), else failed
+    or interrupted, with why."""
+    why = points.skipped[-1].reason if points.skipped else "it was not measured"
+    reason = f"your setting, num_workers={setting}, was not measured: {why}"
+    common: dict[str, Any] = {
+        **heading,
+        "elapsed_s": session.budget.elapsed(),
+        "skipped": tuple(points.skipped),
+        "run_ids": tuple(session.run_ids),
+        "startup_s": session.startup_s,
+        "consumer_alone": session.consumer_alone(),
+    }
+    run_id = session.run_ids[-1] if session.run_ids else None
+    if run_id is not None and not session.stop.is_set():
+        document = read_run(session.store, run_id)
+        if any(lane.figures.batches for lane in document.lanes):
+            diagnosis = diagnose_run(session.store, run_id)
+            return Session(
+                **common,
+                status=RunStatus.COMPLETED,
+                reason=f"partial: your setting, num_workers={setting}, {why}; the answer rests "
+                "on its run alone",
+                verdict=diagnosis.verdict,
+                verdict_run_id=run_id,
+                recommendations=diagnosis.recommendations,
+            )
+    status = RunStatus.INTERRUPTED if session.stop.is_set() else RunStatus.FAILED
+    return Session(**common, status=status, reason=reason)
+
+
+def _dali_unavailable() -> str | None:
+    try:
+        check_backend(Backend.DALI)
+    except BackendUnavailable as error:
+        return str(error)
+    return None
+
+
+def _search(points: Points, grid: list[int], baseline: SweepPoint, reserve: int) -> None:
+    """From your setting: up the grid while more workers measure significantly faster (not
+    when your setting already feeds the consumer, nor when the CPU is saturated), then down
+    while the fewest measured are still within the knee's reach of the best; then the gap
+    between the knee and the setting below it that fell short, halved up to REFINE_KNEE
+    times."""
+    higher = [v for v in grid if v > baseline.setting]
+    fed = baseline.data_wait_frac is not None and baseline.data_wait_frac < WAIT_MODERATE
+    assert baseline.run_id is not None
+    facts = run_facts(points.session.store, baseline.run_id)
+    if fed:
+        points.skip(
+            higher,
+            f"num_workers={baseline.setting} feeds the consumer: more workers cannot make it "
+            "faster",
+        )
+    elif any(f.cpu_saturated for f in facts):
+        busy = max(facts, key=lambda f: f.figures.cpu_pct or 0.0)
+        points.skip(
+            higher,
+            f"the CPU is saturated at num_workers={baseline.setting} (the lane used "
+            f"{CPU.text(busy.figures.cpu_pct or 0.0)}, {busy.cores_per_lane_text}): more "
+            "workers cannot add CPU",
+        )
+    else:
+        for position, value in enumerate(higher):
+            best = points.best()
+            point = points.measure(value, reserve)
+            if points.session.stop.is_set():  # what follows was not reached: no verdict on it
+                points.skip(higher[position + 1 :], "interrupted")
+                break
+            if point is None:
+                continue
+            if not above(point.estimate, 1.0, best.estimate):
+                why = "past the peak" if past_the_peak([best, point]) else "no faster than fewer"
+                points.skip(higher[position + 1 :], why)
+                break
+    lower = [v for v in reversed(grid) if v < baseline.setting]
+    for position, value in enumerate(lower):
+        fewest = points.measured[min(points.measured)]
+        if not at_least(fewest.estimate, 1 - KNEE_WITHIN, points.best().estimate):
+            points.skip(
+                lower[position:],
+                f"below the knee: num_workers={fewest.setting} is already more than "
+                f"{KNEE_WITHIN:.0%} slower than the best",
+            )
+            break
+        points.measure(value, reserve)
+    for _ in range(REFINE_KNEE):  # the grid's steps double: the knee may lie between two
+        knee = analyze_sweep(list(points.measured.values())).knee.setting
+        short = [v for v in points.measured if v < knee]
+        middle = (knee + max(short)) // 2 if short else knee
+        if middle in points.tried() or points.measure(middle, reserve) is None:
+            break
+
+
+def _search_predicted(points: Points, curve: Curve, baseline: SweepPoint, reserve: int) -> None:
+    """Around the knee the curve predicts from your setting's run: the knee, then one setting
+    on the side the measurements leave open (fewer, where the knee measured as fast as the best
+    so far; more, where it fell short). At most PREDICTED_POINTS settings with yours."""
+    settings = curve.settings()
+    # the knee is measured within KNEE_WITHIN of the best: aimed at half that, the model's
+    # error leaves the setting measured inside it
+    knee = curve.knee(settings, KNEE_WITHIN / 2)
+    if knee not in points.tried():
+        points.measure(knee, reserve)
+    if len(points.measured) >= PREDICTED_POINTS or knee not in points.measured:
+        return
+    best = points.best()
+    step = max(1, round(knee * NEIGHBOUR_STEP))
+    enough = at_least(points.measured[knee].estimate, 1 - KNEE_WITHIN, best.estimate)
+    neighbour = knee - step if enough else knee + step
+    if neighbour < 0 or neighbour in points.tried():
+        return
+    if enough and neighbour < baseline.setting < knee:
+        return  # yours, below the knee, was measured already
+    points.measure(neighbour, reserve)
