@@ -195,6 +195,16 @@ def busy_metric(source: str | None) -> Metric | None:
     return {"gpm": SM_ACTIVE, "nvml": KERNEL_ACTIVE}.get(source or "")
 
 
+def per_device(word: str, count: int, rate: float | None = None) -> str:
+    """What follows one lane's figure where the job has `count` lanes (nothing for one):
+    " per GPU", and with its images/s `rate`, the job's too: " per GPU (14,276 for all 4
+    GPUs)". `word`: "GPU", or "lane" on the CPU."""
+    if count <= 1:
+        return ""
+    job = "" if rate is None else f" ({rate * count:,.0f} for all {count} {word}s)"
+    return f" per {word}{job}"
+
+
 def wait_share(wait_s: float, step_s: float) -> float | None:
     """Data-wait: the share of batch time (wait plus step) spent waiting for batches; None
     without any time. Every data-wait shown is this, of some batches' sums."""

@@ -76,7 +76,7 @@ def rate_evidence(facts: LaneFacts) -> Evidence:
     return Evidence(
         IMAGES_PER_S.name,
         figures.images_per_s,
-        f"{shown}{facts.per_lane} ({facts.change.setting})",
+        f"{shown}{facts.per_lane()} ({facts.change.setting})",
     )
 
 
@@ -124,9 +124,8 @@ def step_evidence(facts: LaneFacts) -> list[Evidence]:
     rate, step = facts.consumer_images_per_s, facts.figures.step_ms_p50
     if rate is None or step is None:
         return []
-    text = (
-        f"step {step:.1f} ms (median): the consumer could take {rate:,.0f} images/s{facts.per_lane}"
-    )
+    per = facts.per_lane()
+    text = f"step {step:.1f} ms (median): the consumer could take {rate:,.0f} images/s{per}"
     return [Evidence("step_ms_p50", step, text)]
 
 
@@ -152,8 +151,8 @@ def consumer_evidence(facts: LaneFacts) -> list[Evidence]:
     rate = alone["images_per_s"]
     text = (
         f"the consumer alone, on batches already on the device: "
-        f"{IMAGES_PER_S.text(rate, alone.get('images_per_s_error'))}{facts.per_lane}"
-        f"{facts.for_the_job(rate)} ({alone.get('step_ms_p50') or 0:.1f} ms a step): the most "
+        f"{IMAGES_PER_S.text(rate, alone.get('images_per_s_error'))}{facts.per_lane(rate)}"
+        f" ({alone.get('step_ms_p50') or 0:.1f} ms a step): the most "
         "any input fix can give"
     )
     return [Evidence("consumer_images_per_s", rate, text)]

@@ -16,7 +16,7 @@ from probe.judge.thresholds import (
     OTHER_LOAD_SHARE,
     STEAL_MOVES_PCT,
 )
-from probe.metrics import LaneFigures
+from probe.metrics import LaneFigures, per_device
 from probe.records import LaneRecord, RunRecord
 from probe.store.db import Store
 from probe.store.documents import lane_figures_of
@@ -69,19 +69,9 @@ class LaneFacts:
         """What a lane drives: "GPU", or "lane" on the CPU."""
         return "GPU" if self.on_gpu else "lane"
 
-    @property
-    def per_lane(self) -> str:
-        """ " per GPU" after a lane's figure where the run has several lanes (else nothing):
-        a lane's figures are one GPU's, a run's the job's."""
-        return f" per {self.device_word}" if self.run_lanes > 1 else ""
-
-    def for_the_job(self, images_per_s: float) -> str:
-        """ " (14,276 for all 4 GPUs)" after a lane's rate where the run has several lanes."""
-        if self.run_lanes <= 1:
-            return ""
-        return (
-            f" ({images_per_s * self.run_lanes:,.0f} for all {self.run_lanes} {self.device_word}s)"
-        )
+    def per_lane(self, rate: float | None = None) -> str:
+        """`per_device` for this lane's run: " per GPU (8,554 for all 2 GPUs)"."""
+        return per_device(self.device_word, self.run_lanes, rate)
 
     @property
     def batch_mib(self) -> float | None:

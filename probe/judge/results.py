@@ -332,20 +332,29 @@ class Scaling:
     def at(self, pipeline: str, gpus: int) -> ScalePoint | None:
         return next((p for p in self.points if p.pipeline == pipeline and p.gpus == gpus), None)
 
+    def cpu_ms(self, pipeline: str) -> float | None:
+        """`pipeline`'s CPU ms per image."""
+        return self.torch_cpu_ms if pipeline == TORCH else self.dali_cpu_ms
+
     def cores_needed(self, pipeline: str) -> float | None:
         """The cores per GPU `pipeline` needs to keep up with the consumer alone."""
-        cpu_ms = self.torch_cpu_ms if pipeline == TORCH else self.dali_cpu_ms
+        cpu_ms = self.cpu_ms(pipeline)
         if cpu_ms is None or not self.consumer_images_per_s:
             return None
         return self.consumer_images_per_s * cpu_ms / 1000
 
-    def gpus_fed(self, pipeline: str) -> int | None:
-        """How many GPUs the host's cores (less the other processes') feed at the consumer's
-        rate with `pipeline` (None: not known)."""
+    def feeds(self, pipeline: str) -> float | None:
+        """How many GPUs' worth the host's cores (less the other processes') feed at the
+        consumer's rate with `pipeline` (None: not known)."""
         need = self.cores_needed(pipeline)
         if not need:
             return None
-        return math.floor(max(0.0, self.cores - self.other_cores) / need)
+        return max(0.0, self.cores - self.other_cores) / need
+
+    def gpus_fed(self, pipeline: str) -> int | None:
+        """The whole GPUs `feeds` (None: not known)."""
+        fed = self.feeds(pipeline)
+        return None if fed is None else math.floor(fed)
 
     def measured(self, pipeline: str) -> list[ScalePoint]:
         return [p for p in self.points if p.pipeline == pipeline and p.measured_images_per_s]
@@ -367,6 +376,12 @@ class Scaling:
             if p.pipeline == pipeline and p.gpus == gpus else p
             for p in self.points
         )  # fmt: skip
+        return replace(self, points=points)
+
+    def with_point(self, point: ScalePoint) -> Scaling:
+        """The same, with `point` in place of its pipeline's on its GPUs."""
+        key = (point.pipeline, point.gpus)
+        points = tuple(point if (p.pipeline, p.gpus) == key else p for p in self.points)
         return replace(self, points=points)
 
     def to_json(self) -> dict[str, Any]:

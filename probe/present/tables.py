@@ -25,6 +25,7 @@ from probe.metrics import (
     NVJPG,
     LaneFigures,
     busy_metric,
+    per_device,
 )
 from probe.store.documents import LaneDocument, RunBrief, RunDocument
 
@@ -265,11 +266,9 @@ def consumer_line(session: Session) -> str | None:
     alone = session.consumer_alone
     if not alone or not alone.get("images_per_s"):
         return None
-    rate, lanes = alone["images_per_s"], session.lanes or 1
+    rate = alone["images_per_s"]
     shown = IMAGES_PER_S.text(rate, alone.get("images_per_s_error"))
-    if lanes > 1:
-        word = job_scope(session.devices).split()[-1].rstrip("s")  # GPU, or lane
-        shown += f" per {word} ({rate * lanes:,.0f} for all {lanes} {word}s)"
+    shown += per_device(device_word(session.devices), session.lanes or 1, rate)
     return (
         f"the consumer alone, on batches already on the device: {shown}: the most any input "
         "fix can give"
@@ -327,16 +326,16 @@ def scaling_lines(scaling: Scaling) -> list[str]:
     alone = scaling.consumer_images_per_s
     for key, name in ((TORCH, "the DataLoader"), (DALI, "DALI")):
         need = scaling.cores_needed(key)
-        cpu_ms = scaling.torch_cpu_ms if key == TORCH else scaling.dali_cpu_ms
+        cpu_ms = scaling.cpu_ms(key)
         if need is None or alone is None or cpu_ms is None:
             continue
-        usable = max(0.0, scaling.cores - scaling.other_cores)
         other = (
             f" (less the {scaling.other_cores:.1f} other processes use)"
             if scaling.other_cores >= 0.05
             else ""
         )
-        fed = usable / need
+        fed = scaling.feeds(key)
+        assert fed is not None  # known where the cores needed are
         feeds = (
             f"{fed:.1f} of a {device}'s worth"
             if fed < 1
@@ -482,13 +481,17 @@ def because(reason: str | None) -> str:
     return f": {reason}" if reason else ""
 
 
+def device_word(devices: Sequence[str]) -> str:
+    """What a run's lanes drive: "GPU", or "lane" on the CPU."""
+    return "GPU" if any(device.startswith("cuda") for device in devices) else "lane"
+
+
 def job_scope(devices: Sequence[str]) -> str:
     """Whose a run's or a session's images/s are, where it has several lanes: " for all 4
     GPUs" (" for all 2 lanes" on the CPU); nothing for one lane."""
     if len(devices) <= 1:
         return ""
-    word = "GPUs" if any(device.startswith("cuda") for device in devices) else "lanes"
-    return f" for all {len(devices)} {word}"
+    return f" for all {len(devices)} {device_word(devices)}s"
 
 
 def run_devices(document: RunDocument) -> tuple[str, ...]:

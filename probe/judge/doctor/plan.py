@@ -215,9 +215,7 @@ def _scaling(
                            curve.images_per_s(knee.setting), knee.images_per_s,
                            knee.images_per_s_error, knee.run_id,
                            fitted=knee.setting == curve.workers)  # fmt: skip
-        scaled = replace(scaled, points=tuple(
-            point if (p.pipeline, p.gpus) == (TORCH, lanes) else p for p in scaled.points
-        ))  # fmt: skip
+        scaled = scaled.with_point(point)
     if dali.judged and dali.run_id is not None and dali.images_per_s is not None:
         scaled = scaled.with_measured(
             DALI, lanes, dali.images_per_s, dali.images_per_s_error, dali.run_id, fitted=True
