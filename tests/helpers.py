@@ -102,6 +102,14 @@ def chromium() -> tuple[str | None, str | None]:
     return path, missing
 
 
+# A test that compares measurements taken minutes apart on the 2-core machine (a prediction
+# against a later run, a short point against long ones) runs again once where it fails: the
+# shared machine's speed can move between two of its runs with no other process to show it
+# (a 2-worker point read 22% low in two of three full CI runs, and never alone). A wrong model
+# or rule fails both times; the rerun is in pytest's summary.
+MOVED = pytest.mark.flaky(reruns=1)
+
+
 def skip_on_a_busy_host(document: Mapping[str, Any]) -> None:
     """Skips a test of the answer an idle host gives, where the probe found its host busy: other
     processes' CPU or steal could have moved it, and the probe says so (a `host_busy` verdict,

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from helpers import probe_cli, skip_on_a_busy_host
+from helpers import MOVED, probe_cli, skip_on_a_busy_host
 from pipelines import Backend, DataLoaderOptions, PipelineSpec
 from pipelines.sample_data import SampleParams, make_sample_dataset
 from probe.judge import doctor
@@ -222,6 +222,7 @@ if __name__ == "__main__":  # the lanes' spawned processes import this module to
 """
 
 
+@MOVED
 def test_a_short_point_that_would_overstate_fewer_workers_does_not_steer_the_doctor(
     photos: Path, tmp_path: Path
 ) -> None:

@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from helpers import probe_cli, skip_on_a_busy_host
+from helpers import MOVED, probe_cli, skip_on_a_busy_host
 from pipelines import CpuLimits
 from pipelines.sample_data import SampleParams, make_sample_dataset
 from probe import watch
@@ -162,6 +162,7 @@ def test_the_noisy_neighbour_is_a_cpu_step_slowed_and_not_a_sleep(
     assert VerdictKind.NOISY_NEIGHBOUR.value not in findings(asleep)
 
 
+@MOVED
 def test_the_curve_from_one_run_predicts_a_measured_sweep(tmp_path: Path, photos: Path) -> None:
     db = tmp_path / "c.db"
     # Up to one worker past the cores: the model does not cost more workers than cores (each
