@@ -20,9 +20,11 @@ from probe.judge.diagnosis import RunDiagnosis, diagnose_run
 from probe.judge.results import Session, read_session
 from probe.judge.thresholds import Severity
 from probe.judge.verdicts import Verdict, VerdictKind
+from probe.present import launch
 from probe.present.listing import run_rows, session_rows
 from probe.present.report import build_report, render
 from probe.present.tables import ASIDE, headline, recommendation_text
+from probe.records import LaunchRecord
 from probe.store.connection import default_db_path
 from probe.store.db import Store
 from probe.store.documents import RunDocument, read_run
@@ -135,6 +137,23 @@ def pick(rows: list[dict[str, Any]], what: str, describe: Callable[[dict[str, An
     return chosen
 
 
+def launch_failed(item: LaunchRecord, key: str) -> None:
+    """A launch that failed: why, as its last error line says, and the one click on: again with
+    the budget that reason names, or as it was (on a quieter host, say)."""
+    why = launch.failure_reason(item)
+    exit_code = "" if item.exit_code is None else f", exit {item.exit_code}"
+    st.error(
+        f"{item.launch_id} (probe {item.command}) ended (failed{exit_code}): "
+        + markdown_text(why or "it printed no error; its log is " + item.log_path)
+    )
+    hint = launch.budget_hint(why) if item.command in ("sweep", "doctor") else None
+    label = "Run it again" + (f" with --budget {hint}" if hint is not None else "")
+    if st.button(label, key=f"{key}-again-{item.launch_id}"):
+        with store() as connection:
+            launch.again(connection, item, hint)
+        st.switch_page("views/live.py")
+
+
 def markdown_text(text: str) -> str:
     """Text for st.markdown: its `code` marks kept, a dollar sign never read as LaTeX."""
     return text.replace("$", "\\$")
@@ -156,6 +175,7 @@ def recommendation_list(
     recommendations: Sequence[Recommendation],
     asides: Sequence[Recommendation] = (),
     scope: str = "",
+    agreed: bool = True,
 ) -> None:
     """Ranked recommendations as a numbered list: each whole (the change, its images/s
     predicted and verified, `scope`: whose), with its basis and notes under it; then the
@@ -165,7 +185,8 @@ def recommendation_list(
             continue
         lines = [] if title is None else [f"**{title}**", ""]
         for rank, item in enumerate(items, 1):
-            lines.append(f"{rank}. **{markdown_text(recommendation_text(item, scope))}**")
+            text = recommendation_text(item, scope, agreed)
+            lines.append(f"{rank}. **{markdown_text(text)}**")
             lines += [f"   - {markdown_text(text)}" for text in (item.basis, *item.notes)]
         st.markdown("\n".join(lines))
 

@@ -205,6 +205,19 @@ def per_device(word: str, count: int, rate: float | None = None) -> str:
     return f" per {word}{job}"
 
 
+def against(measured: float, predicted: float | None) -> float | None:
+    """A measured figure against its prediction, the one sign convention of every comparison
+    shown: (measured - predicted) / predicted, so "-15%" means measured 15% below what was
+    predicted. None without a prediction."""
+    return measured / predicted - 1 if predicted else None
+
+
+def against_text(measured: float, predicted: float | None, digits: int = 1) -> str:
+    """`against` as shown: "+2.4%"; "-" without a prediction."""
+    share = against(measured, predicted)
+    return "-" if share is None else f"{share:+.{digits}%}"
+
+
 def wait_share(wait_s: float, step_s: float) -> float | None:
     """Data-wait: the share of batch time (wait plus step) spent waiting for batches; None
     without any time. Every data-wait shown is this, of some batches' sums."""

@@ -15,11 +15,12 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app.views.session import verified_delta
 from pipelines.sample_data import SampleParams, make_sample_dataset
-from probe.judge.changes import Recommendation
-from probe.judge.verdicts import Verdict
-from probe.metrics import DATA_WAIT, IMAGES_PER_S
+from probe.judge.changes import Recommendation, to_dali, workers
+from probe.judge.results import Session, SessionKind, Verification
+from probe.judge.thresholds import Severity
+from probe.judge.verdicts import Verdict, VerdictKind
+from probe.metrics import DATA_WAIT, IMAGES_PER_S, against
 from probe.present import launch
 from probe.present.charts import (
     CAPACITY_WAIT,
@@ -29,9 +30,15 @@ from probe.present.charts import (
     WARMUP,
     slowest_line,
 )
-from probe.present.listing import running_runs
-from probe.present.tables import headline, recommendation_text
-from probe.records import RunStatus
+from probe.present.listing import run_rows, running_runs
+from probe.present.tables import (
+    doctor_lines,
+    headline,
+    measured_again,
+    recommendation_text,
+    verification_summary,
+)
+from probe.records import LaunchRecord, RunStatus, SessionRecord
 from probe.store.db import Store
 from probe.store.series import run_series, slowest_lanes
 
@@ -153,6 +160,51 @@ def test_the_first_button_starts_the_doctor_as_the_cli_would(
         assert record.argv == ["doctor", "--gpus", "none"]  # no GPU seen: see app()
         launch.stop(store, record.launch_id)
         wait_for(lambda: _launch_ended(store, record.launch_id), 60, "the doctor to stop")
+
+
+def test_a_failed_first_visit_says_why_on_runs_and_live_with_the_click_on(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The doctor launched from the first visit failed: Runs and Live show its reason, the
+    failed session is listed, and one click runs it again with the budget the reason names."""
+    db = tmp_path / "store.db"
+    reason = (
+        "no answer: your setting, num_workers=2, was not measured: the budget cannot fit it (a "
+        "point takes at least about 8 s here): --budget 100 would (session doctor-1)"
+    )
+    log = tmp_path / "launch.log"
+    log.write_text(f"doctor: yours first\n{reason}\n")
+    failed = RunStatus.FAILED
+    with Store(db) as store:
+        argv = ["doctor", "--gpus", "none"]
+        store.save_launch(
+            LaunchRecord("launch-1", "doctor", argv, ["cpu"], "now", None, failed, 1, str(log), "")
+        )
+        created = "2026-11-26T10:00:00Z"
+        session = Session(
+            SessionKind.DOCTOR, "doctor-1", failed, reason[11:-19], created, "sleep:30", 90, 12
+        )
+        record = SessionRecord(
+            "doctor-1", "doctor", created, failed, session.reason, "host", None, session.to_json()
+        )
+        store.save_session(record)
+    again: list[int | None] = []
+    monkeypatch.setattr(launch, "again", lambda store, item, budget=None: again.append(budget))
+    for page in ("runs", "live"):
+        at = app(monkeypatch, db, page)
+        assert not at.exception
+        (shown,) = texts(at.error)
+        assert "launch-1 (probe doctor) ended (failed, exit 1)" in shown
+        assert "--budget 100 would" in shown
+        assert [b.label for b in at.button if b.label.startswith("Run it again")] == [
+            "Run it again with --budget 100"
+        ]
+    at = app(monkeypatch, db, "runs")
+    sessions = table(at, "answer")
+    assert [row["session"] for row in sessions] == ["doctor-1"]
+    assert sessions[0]["answer"].startswith("no answer: your setting, num_workers=2")
+    next(b for b in at.button if b.label.startswith("Run it again")).click().run()
+    assert again == [100]
 
 
 def _launch_ended(store: Store, launch_id: str) -> bool:
@@ -279,7 +331,7 @@ def test_the_session_page_gives_the_doctors_answer_and_its_curve(
     )
     dali = doctor["dali"]
     assert any(label.startswith("DALI, ") for label in metrics)
-    points = [p for p in table(at, "num_workers") if not p[""].startswith("not run")]
+    points = [p for p in table(at, "num_workers") if not p["marks"].startswith("not run")]
     assert [p["num_workers"] for p in points] == [str(p["num_workers"]) for p in doctor["sweep"]]
     (curve,) = charts(at)
     knee = doctor["knee"]["num_workers"]
@@ -294,10 +346,21 @@ def test_the_session_page_gives_the_doctors_answer_and_its_curve(
     assert labels == ["HTML report", "Markdown summary", "JSON (everything)"]
 
 
-def test_the_verified_figure_is_signed_as_it_differs_from_the_prediction() -> None:
-    assert verified_delta(895, 871) == f"-2.7%: verified {IMAGES_PER_S.cell(871)}"  # arrow down
-    assert verified_delta(871, 895) == f"+2.8%: verified {IMAGES_PER_S.cell(895)}"  # arrow up
-    assert verified_delta(871, None) is None
+def test_the_verified_figure_is_signed_measured_against_predicted() -> None:
+    """One sign convention: (measured - predicted) / predicted, first in a metric's delta (its
+    arrow and colour follow it); "verified" only where the run again agreed."""
+
+    def item(predicted: float, measured: float | None) -> Recommendation:
+        return Recommendation("no change", workers(2), predicted, "measured",
+                              measured_images_per_s=measured)  # fmt: skip
+
+    cell = IMAGES_PER_S.cell
+    assert measured_again(item(895, 871), delta=True) == f"-2.7%: verified {cell(871)}"  # down
+    assert measured_again(item(871, 895), delta=True) == f"+2.8%: verified {cell(895)}"  # up
+    assert measured_again(item(871, None)) is None
+    refuted = measured_again(item(447, 379), agreed=False)
+    assert refuted == f"measured again {IMAGES_PER_S.text(379)} (-15.2%)"
+    assert against(379, 447) == pytest.approx(-0.152, abs=1e-3)
 
 
 def test_runs_lists_the_sessions_with_their_answers(
@@ -348,6 +411,10 @@ def test_compare_puts_dataloader_and_dali_runs_side_by_side(
     torch_run = doctor["knee"]["run_id"]
     dali_run = doctor["dali"]["run_id"]
     at = app(monkeypatch, filled["db"], "compare")
+    with Store(filled["db"]) as store:
+        newest = run_rows(store)[0].session_id
+    if newest == doctor["session_id"]:  # the newest session's runs, every one
+        assert sorted(at.multiselect(key="compare-runs").value) == sorted(doctor["run_ids"])
     at.multiselect(key="compare-runs").set_value([torch_run, dali_run]).run()
     no_errors(at)
     rows = table(at, "GPU busy metric")
@@ -358,7 +425,8 @@ def test_compare_puts_dataloader_and_dali_runs_side_by_side(
         row["images/s"].split(" ±")[0] for row in rows
     ]
     assert [f"{wait:.1f}%" for wait in waits] == [row["data-wait"] for row in rows]
-    assert [a["text"] for a in bars["layout"]["annotations"]][-1] == "not measured for these runs"
+    titles = [a["text"] for a in bars["layout"]["annotations"]]
+    assert len(bars["data"]) == 3 and not any("GPU" in title for title in titles)  # on the CPU
     line = next(text for text in texts(at.markdown) if "DataLoader against DALI" in text)
     assert f"{doctor['dali']['images_per_s']:,.0f}" in line
     at.multiselect(key="compare-runs").set_value([torch_run]).run()
@@ -380,6 +448,7 @@ def test_launch_refuses_a_bad_form_before_anything_starts(
 ) -> None:
     db = tmp_path / "store.db"
     at = app(monkeypatch, db, "launch")
+    at.radio(key="launch-command").set_value("run").run()  # it opens on the doctor
     at.text_input(key="launch-run-data").input(str(tmp_path / "missing"))
     at.text_input(key="launch-run-consumer").input("sleep:soon")
     at.button[0].click().run()
@@ -401,6 +470,7 @@ def test_launch_starts_a_probe_refuses_a_second_follows_it_live_and_stops_it(
 ) -> None:
     db = tmp_path / "store.db"
     at = app(monkeypatch, db, "launch")
+    at.radio(key="launch-command").set_value("run").run()  # it opens on the doctor
     at.text_input(key="launch-run-data").input(str(photos))
     at.number_input(key="launch-run-batch-size").set_value(8)
     at.number_input(key="launch-run-workers").set_value(1)
@@ -444,3 +514,27 @@ def test_launch_starts_a_probe_refuses_a_second_follows_it_live_and_stops_it(
         assert len(store.batches(run.run_id, 0)) > 10  # kept
     at = app(monkeypatch, db, "live")
     assert texts(at.info) == ["No probe is running now."]
+
+
+def test_a_setting_has_one_prediction_and_verified_is_said_only_of_what_was_run_again() -> None:
+    """The doctor's DALI measured once, first; its verification re-ran yours ("no change"),
+    which measured apart and is predicted at its runs' mean: the answer says which one was run
+    again, calls its first prediction what it was, and "verified" nowhere of DALI."""
+    yours, dali = workers(2), to_dali("cpu", 2)
+    verdict = Verdict(VerdictKind.STARVED_CPU_SATURATED, Severity.HIGH, 0.4, ())
+    mean = Recommendation("no change: keep num_workers=2", yours, 413.0, "measured",
+                          measured_images_per_s=379.0, predicted_error=24.0)  # fmt: skip
+    first = Recommendation("move to DALI", dali, 480.0, "measured", predicted_error=20.0)
+    verify = Verification(yours, 447.0, 47.0, 379.0, 20.0, agrees=False, host_busy=False,
+                          run_id="r2", outcome="predicted at their mean")  # fmt: skip
+    session = Session(SessionKind.DOCTOR, "doctor-1", RunStatus.COMPLETED, None, "now",
+                      "sleep:30", 90, 60, verdict=verdict, recommendations=(first, mean),
+                      verify=verify)  # fmt: skip
+    text = "\n".join(doctor_lines(session))
+    assert verification_summary(session) == (
+        "the first one measured once; recommendation 2 run again"
+    )
+    assert "verified num_workers=2 (recommendation 2; recommendation 1, DALI" in text
+    assert "predicted at first 447 ± 47" in text and text.count("predicted 413 ± 24") == 1
+    assert "measured again 379 images/s (-8.2%)" in text  # against its one prediction, 413
+    assert "verified 379" not in text and "verified: " not in text

@@ -137,8 +137,28 @@ def test_a_first_visit_runs_the_doctor_and_lands_on_its_answer(
         basis = f"the doctor session's, measured: {session}"
         expect(page.get_by_text(basis)).to_be_visible()
         page.screenshot(path=str(ARTIFACTS / "4-run-page.png"), full_page=True)
+        _compare_and_launch(page, url, db, session)
         browser.close()
     assert hosts == {"localhost"}  # no usage statistics, no fonts or scripts from elsewhere
+
+
+def _compare_and_launch(page: Page, url: str, db: Path, session: str) -> None:
+    """Compare opens on the session's runs, all of them, with the best of those it shows and no
+    GPU panel on the CPU; Launch opens on the doctor."""
+    from playwright.sync_api import expect
+
+    with Store(db) as store:
+        runs = read_session(store, session).run_ids
+    page.goto(f"{url}/compare")
+    expect(page.get_by_role("heading", name="Compare")).to_be_visible()
+    expect(page.get_by_text(f"of the {len(runs)} runs shown")).to_be_visible()
+    expect(page.locator(".js-plotly-plot .main-svg").first).to_be_visible()
+    expect(page.get_by_text("GPU busy")).to_have_count(0)
+    page.screenshot(path=str(ARTIFACTS / "5-compare.png"), full_page=True)
+    page.goto(f"{url}/launch")
+    expect(page.get_by_role("heading", name="Launch")).to_be_visible()
+    expect(page.get_by_role("radio", name="doctor")).to_be_checked()
+    page.screenshot(path=str(ARTIFACTS / "6-launch.png"), full_page=True)
 
 
 def _the_answer_agrees(page: Page, db: Path) -> str:
@@ -154,7 +174,8 @@ def _the_answer_agrees(page: Page, db: Path) -> str:
     shown = json.loads(probe_cli("show", "last", "--db", db, "--json").stdout)
     assert shown["session_id"] == session.session_id
     top = Recommendation.from_json(shown["recommendations"][0])
-    expect(page.get_by_text(recommendation_text(top))).to_be_visible()
+    agreed = shown["verify"] is None or shown["verify"]["agrees"]
+    expect(page.get_by_text(recommendation_text(top, "", agreed))).to_be_visible()
     expect(page.get_by_text(headline(Verdict.from_json(shown["verdict"])))).to_be_visible()
     text = probe_cli("show", "last", "--db", db).stdout
     assert f"1. {top.setting}: {top.action}" in text

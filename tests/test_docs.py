@@ -19,8 +19,9 @@ def bash_blocks() -> list[str]:
 
 def test_the_two_set_up_commands_come_first_and_ci_runs_the_test_command() -> None:
     main_job, tests = bash_blocks()[:2]
-    assert main_job.startswith("pip install") and main_job.endswith("streamlit run app")
-    assert tests.startswith("pip install") and tests.endswith("pytest")
+    venv = "python3 -m venv .venv && . .venv/bin/activate && pip install "
+    assert main_job.startswith(venv) and main_job.endswith("streamlit run app")
+    assert tests.startswith(venv) and tests.endswith("pytest")
     ci = (ROOT / ".ci" / "run").read_text()
     assert tests in ci.splitlines()
 

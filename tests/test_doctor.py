@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -65,35 +66,50 @@ def photos(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def doctor_whose_verification_reads(
-    factor: float, photos: Path, db: Path, monkeypatch: pytest.MonkeyPatch
+def doctor_reading(
+    factor: Callable[[str], float],
+    photos: Path,
+    db: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    yours: int,
+    grid: list[int],
+    budget_s: float,
 ) -> dict[str, Any]:
-    """The doctor on no workers (the training process decodes: more workers are faster, and
-    the doctor recommends a change), its change's runs after its first (the verification, and
-    those in turn with yours) read at `factor` of what they measured, as a machine that changed
-    under it would give them. Its session's document."""
+    """The doctor on `yours` workers, each of its runs read at `factor(its label)` of what it
+    measured, as a machine that changed under it would give them. Its session's document."""
     real = session_points.point_of
 
     def reading(store: Store, document: RunDocument, setting: int) -> SweepPoint:
         point = real(store, document, setting)
-        label = document.label or ""
-        if label.startswith("verify ") or (label.startswith("in turn:") and "yours" not in label):
-            return replace(point, images_per_s=factor * point.images_per_s)
-        return point
+        return replace(point, images_per_s=factor(document.label or "") * point.images_per_s)
 
     # wherever the doctor reads its own runs' points: its verification and runs in turn
     # (answer), DALI's and the epoch reading's (points)
     for module in ("answer", "points"):
         monkeypatch.setattr(f"probe.judge.doctor.{module}.point_of", reading)
     spec = PipelineSpec(photos, batch_size=32, image_size=96,
-                        dataloader=DataLoaderOptions(num_workers=0))  # fmt: skip
+                        dataloader=DataLoaderOptions(num_workers=yours))  # fmt: skip
     config = ProbeConfig(backend=Backend.TORCH, spec=spec, lanes=plan_lanes(None, 1),
                          consumer=parse_consumer("sleep:5"))  # fmt: skip
     with Store(db) as store:
-        session = doctor.run_doctor(config, [0, 1, 2], 0, 2, 240.0, store)
+        session = doctor.run_doctor(config, grid, yours, 2, budget_s, store)
     document: dict[str, Any] = json.loads(json.dumps(session.to_json()))
     skip_on_a_busy_host(document)
     return document
+
+
+def doctor_whose_verification_reads(
+    factor: float, photos: Path, db: Path, monkeypatch: pytest.MonkeyPatch
+) -> dict[str, Any]:
+    """The doctor on no workers (the training process decodes: more workers are faster, and
+    the doctor recommends a change), its change's runs after its first (the verification, and
+    those in turn with yours) read at `factor` of what they measured."""
+
+    def changed(label: str) -> float:
+        later = label.startswith("verify ") or label.startswith("in turn:")
+        return factor if later and "yours" not in label else 1.0
+
+    return doctor_reading(changed, photos, db, monkeypatch, 0, [0, 1, 2], 240.0)
 
 
 def test_a_change_its_verification_refutes_is_not_the_answer(
@@ -136,6 +152,35 @@ def test_a_change_its_verification_measures_lower_but_still_better_stays(
     mean = (first["images_per_s"] + verify["measured_images_per_s"]) / 2
     assert top["predicted_images_per_s"] == pytest.approx(mean)
     assert verify["in_turn"] == [] and "stays the answer" in verify["outcome"]
+
+
+@pytest.mark.parametrize("beside", [1.0, 5.0], ids=["bears-it-out", "does-not"])
+def test_dali_verified_is_weighed_beside_the_dataloader_measured_again(
+    beside: float, photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DALI read at 3x is recommended and stays so after its verification; the DataLoader's
+    answer is then measured again right after it. Read as measured, that pair bears DALI out
+    and it stays first; read at 5x, it does not: "either", and the DataLoader's answer,
+    measured twice, is first, DALI second, one prediction each."""
+    factors = {"DALI": 3.0, "verify DALI": 3.0, "in turn with DALI": beside}
+
+    def factor(label: str) -> float:
+        return next((f for start, f in factors.items() if label.startswith(start)), 1.0)
+
+    document = doctor_reading(factor, photos, tmp_path / "s.db", monkeypatch, 2, [1, 2], 150.0)
+    verify = document["verify"]
+    assert verify is not None and verify["setting"].startswith("DALI"), document["reason"]
+    (again,) = verify["in_turn"]
+    assert again["setting"].startswith("num_workers="), verify
+    settings = [r["setting"] for r in document["recommendations"]]
+    assert len(settings) == len(set(settings))
+    if beside == 1.0:
+        assert settings[0] == verify["setting"]
+        assert verify["outcome"].endswith("it stays the answer")
+    else:
+        assert settings[:2] == [again["setting"], verify["setting"]], verify
+        assert "either may be the answer" in verify["outcome"]
+        assert any(n.startswith("either: ") for n in document["recommendations"][1]["notes"])
 
 
 SLOW_START = '''

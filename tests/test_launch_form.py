@@ -4,13 +4,14 @@ says why."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from pipelines import Backend
+from pipelines import Backend, InputError
 from probe.present import launch, options
 from probe.present.cli import cli
 from probe.present.launch import LaunchForm, error_line, failure_reason
@@ -71,8 +72,10 @@ def check_defaults(at: AppTest, command: str, pipeline: str | None) -> None:
         if default is None:
             assert widget.value in (None, ""), (command, name)
             note = next(f for f in options.flags(command) if f.name == f"--{name}").default_note
-            if note is not None:
-                assert widget.proto.placeholder == f"default: {note}", (command, name)
+            if note is not None:  # said whole where it fits, else the help says it
+                text = f"default: {note}"
+                assert widget.proto.placeholder in (text, "default (its ? says which)")
+                assert f"[{text}]" in widget.proto.help, (command, name)
         else:
             assert widget.value == default, (command, name)
 
@@ -82,13 +85,12 @@ def test_each_command_opens_on_its_cli_defaults(
 ) -> None:
     at = launch_page(monkeypatch, tmp_path / "store.db")
     assert not at.exception
-    assert at.radio(key="launch-command").value == "run"
+    assert at.radio(key="launch-command").value == "doctor"  # the answer first
+    at.radio(key="launch-command").set_value("run").run()
     assert cli_defaults("run")["pipeline"] == cli_defaults("sweep")["pipeline"] == "torch"
     check_defaults(at, "run", "torch")
     cpu, gpu = options.CPU_BATCH_SIZE, options.GPU_BATCH_SIZE
-    assert fields(at, "run")["batch-size"].proto.placeholder == (
-        f"default: {gpu} on a GPU, {cpu} on the CPU"
-    )
+    assert f"[default: {gpu} on a GPU, {cpu} on the CPU]" in fields(at, "run")["batch-size"].help
     assert "threads" not in fields(at, "run")  # DALI's
     at.number_input(key="launch-run-batch-size").set_value(8)
     at.text_input(key="launch-run-consumer").input("sleep:5")
@@ -99,8 +101,8 @@ def test_each_command_opens_on_its_cli_defaults(
     assert doctor["consumer"].value == options.DOCTOR_CONSUMER
     assert doctor["budget"].value is None
     budgets = options.DOCTOR_BUDGET_S
-    assert doctor["budget"].proto.placeholder == (
-        f"default: {budgets['gpu']:g} on GPUs, {budgets['cpu']:g} on the CPU"
+    assert f"[default: {budgets['gpu']:g} on GPUs, {budgets['cpu']:g} on the CPU]" in (
+        doctor["budget"].help
     )
     assert {"pipeline", "duration", "batches", "label", "values"}.isdisjoint(doctor)
 
@@ -184,6 +186,34 @@ def test_the_failure_reason_is_the_last_error_line() -> None:
     )
     assert error_line("run r1\nimages/s 120\n") is None
     assert error_line("") is None
+    no_answer = (
+        "no answer: your setting, num_workers=2, was not measured: the budget cannot fit it (a "
+        "point takes at least about 7 s here): --budget 100 would (session doctor-1)"
+    )
+    assert error_line(f"doctor: yours first\n{no_answer}\n") == no_answer
+    assert launch.budget_hint(no_answer) == 100
+    assert launch.budget_hint("error: no images under /data") is None
+
+
+def test_a_session_runs_again_as_it_was_with_the_budget_asked(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The one click on from a failed session: its arguments, the budget replaced."""
+    spawned: list[list[str]] = []
+    monkeypatch.setattr(
+        launch, "_spawn", lambda store, command, argv, devices: spawned.append(argv)
+    )
+    record = LaunchRecord("launch-1", "doctor", ["doctor", "--gpus", "none", "--budget", "90"],
+                          ["cpu"], "now", None, RunStatus.FAILED, 1, "", "later")  # fmt: skip
+    with Store(tmp_path / "store.db") as store:
+        launch.again(store, record, 130)
+        launch.again(store, record)
+        with pytest.raises(InputError, match="has no budget"):
+            launch.again(store, replace(record, command="run", argv=["run"]), 130)
+    assert spawned == [
+        ["doctor", "--gpus", "none", "--budget", "130"],
+        ["doctor", "--gpus", "none", "--budget", "90"],
+    ]
 
 
 def failed_launch(tmp_path: Path, log: str | None) -> LaunchRecord:

@@ -12,12 +12,20 @@ from probe.present.tables import brief_grid
 from probe.store.documents import RunBrief
 
 
+def opening(rows: list[dict[str, Any]]) -> list[str]:
+    """The runs Compare opens on: the newest session's, all of them, where the newest run is a
+    session's point; else the newest two."""
+    session = rows[0]["session_id"]
+    chosen = [row["run_id"] for row in rows if session and row["session_id"] == session]
+    return chosen if len(chosen) >= 2 else [row["run_id"] for row in rows[:2]]
+
+
 def compare_runs(db: str, rows: list[dict[str, Any]]) -> None:
     by_id = {row["run_id"]: row for row in rows}
     chosen = st.multiselect(
         "runs (two or more)",
         list(by_id),
-        default=list(by_id)[:2],
+        default=opening(rows),
         key="compare-runs",
         format_func=lambda run_id: (
             f"{run_id}  {by_id[run_id]['pipeline']}, "
@@ -40,8 +48,9 @@ def compare_runs(db: str, rows: list[dict[str, Any]]) -> None:
     if pipelines == {"torch", "dali"}:
         best = {p: max(b.images_per_s for b in briefs if b.pipeline == p) for p in pipelines}
         st.markdown(
-            f"**DataLoader against DALI**: the best DataLoader run {best['torch']:,.0f} images/s, "
-            f"the best DALI run {best['dali']:,.0f} ({best['dali'] / best['torch']:.2f}x)."
+            f"**DataLoader against DALI**, of the {len(briefs)} runs shown: the best DataLoader "
+            f"run {best['torch']:,.0f} images/s, the best DALI run {best['dali']:,.0f} "
+            f"({best['dali'] / best['torch']:.2f}x)."
         )
         if len({b.consumer for b in briefs}) > 1:
             st.caption("These runs fed different consumers: compare runs of one consumer.")

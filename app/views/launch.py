@@ -24,11 +24,17 @@ def key(command: str, flag: options.Flag) -> str:
     return f"launch-{command}-{flag.name[2:]}"
 
 
+PLACEHOLDER_CHARS = 32  # what a field of the form shows whole at 1,400 px
+
+
 def placeholder(flag: options.Flag) -> str | None:
-    """What an empty field means: the command's default."""
-    if flag.default is not None:
-        return f"default: {flag.default}"
-    return None if flag.default_note is None else f"default: {flag.default_note}"
+    """What an empty field means: the command's default, where it fits the field; else a
+    pointer to the field's help, which says how the default is decided."""
+    note = flag.default if flag.default is not None else flag.default_note
+    if note is None:
+        return None
+    text = f"default: {note}"
+    return text if len(text) <= PLACEHOLDER_CHARS else "default (its ? says which)"
 
 
 def field(column: Any, command: str, flag: options.Flag) -> Any:
@@ -65,7 +71,15 @@ def field(column: Any, command: str, flag: options.Flag) -> Any:
 def form() -> launch.LaunchForm | None:
     devices = cuda_devices()
     choices = ["CPU"] + [f"GPU {d.index} ({d.name})" for d in devices]
-    command = str(st.radio("command", list(launch.COMMANDS), horizontal=True, key="launch-command"))
+    command = str(
+        st.radio(
+            "command",
+            list(launch.COMMANDS),
+            index=launch.COMMANDS.index("doctor"),  # the answer; run and sweep measure parts
+            horizontal=True,
+            key="launch-command",
+        )
+    )
     values: dict[str, Any] = {}
     backend = None  # the doctor's: it measures both pipelines
     for flag in options.flags(command):

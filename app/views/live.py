@@ -102,7 +102,13 @@ def launch_state(launches: list[LaunchRecord]) -> bool:
     seen: set[str] = st.session_state.setdefault("live-launches", set())
     starting = [x for x in launches if x.status.value == "running"]
     seen.update(x.launch_id for x in starting)
-    ended = [x for x in launches if x.launch_id in seen and x.status.value != "running"]
+    # those seen running here, and the newest where it failed: its reason, on any later visit
+    newest_failed = launches[:1] if launches and launches[0].status.value == "failed" else []
+    ended = [
+        x
+        for x in launches
+        if x.status.value != "running" and (x.launch_id in seen or x in newest_failed)
+    ]
     for item in starting:
         log = launch.log_tail(item, 12)
         progress = last_progress(log)
@@ -111,13 +117,12 @@ def launch_state(launches: list[LaunchRecord]) -> bool:
             st.progress(progress.share, text=progress.line)
         st.code(log or "(nothing printed yet)", language=None)
     for item in ended[:3]:
-        why = launch.failure_reason(item) if item.status.value == "failed" else None
+        if item.status.value == "failed":
+            common.launch_failed(item, "live")
+            continue
         exit_code = "" if item.exit_code is None else f", exit {item.exit_code}"
-        message = f"{item.launch_id} ended ({item.status.value}{exit_code})"
-        if why:
-            st.error(f"{message}: {why}")
-        else:
-            (st.success if item.status.value == "completed" else st.warning)(message + ".")
+        message = f"{item.launch_id} ended ({item.status.value}{exit_code})."
+        (st.success if item.status.value == "completed" else st.warning)(message)
     return bool(starting or ended)
 
 

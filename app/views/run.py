@@ -93,7 +93,8 @@ def diagnosis(diag: RunDiagnosis, session_id: str | None, scope: str = "") -> No
     if session_id is not None:
         st.page_link(
             "views/session.py",
-            label=f"This run is a point of session {session_id}: open its answer",
+            label=f"This run is a point of session {session_id}, whose verdict governs (it "
+            "weighs every point, and the host while they ran): open its answer",
             query_params={"session": session_id},
         )
     if diag.recommendations or diag.asides:

@@ -2,6 +2,7 @@
 verdict; filter them, open one.
 
 A first visit with an empty store offers one button: the doctor on the built-in sample data.
+Where the newest launch failed, the page says why, with the click that runs it again.
 """
 
 from __future__ import annotations
@@ -79,13 +80,19 @@ def opener(table: list[dict[str, Any]], what: str, key: str, long: tuple[str, ..
 def main() -> None:
     st.title("Runs")
     db = common.db_path()
+    with common.store() as store:
+        last = next(iter(launch.launches(store)), None)
+    if last is not None and last.status.value == "failed":  # the newest launch: why it failed
+        common.launch_failed(last, "runs")
     rows = common.runs_listing(db)
-    if not rows:
-        welcome()
-        return
     session_list = common.sessions_listing(db)
     if session_list:
         sessions(session_list)
+    if not rows:
+        if not session_list:
+            welcome()
+        return
+    if session_list:
         st.subheader("Runs")
     left, middle, right = st.columns([2, 2, 3])
     statuses = sorted({row["status"] for row in rows})

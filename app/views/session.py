@@ -19,9 +19,11 @@ from probe.present.tables import (
     curve_lines,
     doctor_notes,
     job_scope,
+    measured_again,
     point_grid,
     scaling_grid,
     scaling_lines,
+    verification_summary,
 )
 
 
@@ -41,6 +43,7 @@ def answer(session: Session) -> None:
     best, dali = session.best, session.dali
     top = session.recommendations[0] if session.recommendations else None
     scope = job_scope(session.devices)  # whose images/s: the job's, on several lanes
+    agreed = session.verify is None or session.verify.agrees
     cols = st.columns(4)
     if yours is not None:
         cols[0].metric(
@@ -66,12 +69,14 @@ def answer(session: Session) -> None:
         cols[3].metric(
             f"recommended: {top.setting}",
             IMAGES_PER_S.cell(top.predicted_images_per_s, top.predicted_error),
-            delta=verified_delta(top.predicted_images_per_s, top.measured_images_per_s),
-            help=f"images/s{scope} predicted (measured in its point); verified: measured again",
+            delta=measured_again(top, agreed, delta=True),
+            help=f"images/s{scope} predicted (measured in its point); verified: run again, "
+            "and agreeing",
         )
     if session.recommendations or session.asides:
-        st.markdown("**Recommendations** (measured by the doctor; the first one verified)")
-        common.recommendation_list(session.recommendations, session.asides, scope)
+        summary = verification_summary(session)
+        st.markdown(f"**Recommendations** (measured by the doctor; {summary})")
+        common.recommendation_list(session.recommendations, session.asides, scope, agreed)
     notes = doctor_notes(session)
     if notes:
         st.markdown("\n".join(f"- {common.markdown_text(line)}" for line in notes))
@@ -84,14 +89,6 @@ def answer(session: Session) -> None:
             key="session-scaling-table",
         )  # fmt: skip
         st.caption("  \n".join(common.markdown_text(line) for line in scaling_lines(scaling)))
-
-
-def verified_delta(predicted: float, verified: float | None) -> str | None:
-    """The verification against the prediction, signed (the metric's arrow and colour follow
-    the sign): "-2.7%: verified 871"."""
-    if verified is None or predicted <= 0:
-        return None
-    return f"{verified / predicted - 1:+.1%}: verified {IMAGES_PER_S.cell(verified)}"
 
 
 def points(session: Session) -> None:

@@ -28,11 +28,12 @@ from probe.judge.thresholds import (
     DALI_FREES_WORTH_IT,
     DALI_WORTH_IT,
     HW_DECODER_STEP,
+    KNEE_POINTS,
     KNEE_WITHIN,
     NVJPG_SATURATED_PCT,
 )
 from probe.judge.verdicts import STARVED, Verdict, VerdictKind, rank
-from probe.metrics import IMAGES_PER_S, NVJPG
+from probe.metrics import IMAGES_PER_S, NVJPG, against_text
 from probe.steady import MIN_BLOCKS, Estimate, above, margin
 
 
@@ -375,6 +376,8 @@ def recommend_measured(
     knee = analysis.knee
     if knee.setting == baseline.setting:
         action = "no change: num_workers is at the knee of the sweep"
+        if len(analysis.points) < KNEE_POINTS:  # a knee needs a point beside it
+            action = "no change: yours was the one DataLoader setting measured"
         if verdict.kind is VerdictKind.FED:
             action = "no change: compute-bound; the DataLoader keeps up and DALI would not help"
         return [_measured(action, baseline, curve)]
@@ -397,7 +400,7 @@ def _measured(action: str, point: SweepPoint, curve: Curve | None = None) -> Rec
         predicted = curve.images_per_s(point.setting)
         basis += (
             f"; the model predicted {IMAGES_PER_S.text(predicted)} "
-            f"({point.images_per_s / predicted - 1:+.0%} measured against it)"
+            f"(measured {against_text(point.images_per_s, predicted, 0)} against it)"
         )
     return Recommendation(
         action,
@@ -459,7 +462,14 @@ def dali_advice(
             f"{shown} images/s, {versus}{frees}"
         )
     needed = dali_gain_needed(freed)
-    surely = (dali.images_per_s - margin(measured, 1.0, reference, drift=True)) / reference.value
+    error = margin(measured, 1.0, reference, drift=True)
+    surely = (dali.images_per_s - error) / reference.value
+    if needed and (dali.images_per_s + error) / reference.value >= 1 + needed:
+        return (  # the bar lies within DALI's error: say so, and keep the same first answer
+            f"either: DALI measured {shown} images/s, {gain:+.0%} ± {error / reference.value:.0%} "
+            f"on {setting}{frees}; a migration should gain {needed:.0%}, within that error, so "
+            "your setting stays first; a longer doctor (more --budget) measures both longer"
+        )
     why = (
         f"a migration should gain {needed:.0%} where it frees under "
         f"{DALI_FREES_WORTH_IT:.0%} of the cores, and it is surely at least {surely - 1:+.0%}: "

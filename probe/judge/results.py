@@ -20,7 +20,7 @@ from probe.judge.changes import Change, Recommendation, to_dali, workers
 from probe.judge.knee import SweepAnalysis, SweepPoint
 from probe.judge.model import Curve
 from probe.judge.verdicts import Verdict
-from probe.metrics import EpochStartCost
+from probe.metrics import EpochStartCost, against
 from probe.records import RunStatus
 from probe.steady import Estimate, margin
 from probe.store.db import Store
@@ -195,8 +195,8 @@ class EpochsRun:
 
 @dataclass(frozen=True)
 class InTurn:
-    """One run of yours or of a candidate, measured in turn with the other after a
-    verification disagreed."""
+    """One run of yours or of a candidate, measured in turn with the other: after a
+    verification disagreed, or yours beside a DALI verification."""
 
     setting: str  # "num_workers=8", "DALI decoder=mixed num_threads=8"
     images_per_s: float
@@ -232,8 +232,7 @@ class Verification:
 
     @property
     def error_frac(self) -> float | None:
-        predicted = self.predicted_images_per_s
-        return (self.measured_images_per_s - predicted) / predicted if predicted else None
+        return against(self.measured_images_per_s, self.predicted_images_per_s)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -290,9 +289,9 @@ class ScalePoint:
     def error_frac(self) -> float | None:
         """Measured against predicted (None: one of them missing, or the prediction made from
         this very run)."""
-        if self.fitted or self.measured_images_per_s is None or not self.predicted_images_per_s:
+        if self.fitted or self.measured_images_per_s is None:
             return None
-        return self.measured_images_per_s / self.predicted_images_per_s - 1
+        return against(self.measured_images_per_s, self.predicted_images_per_s)
 
     @property
     def missed(self) -> bool:

@@ -18,6 +18,7 @@ IOWAIT_BOUND_PCT = 10.0  # share of CPU time spent waiting for the disk
 NVJPG_SATURATED_PCT = 90.0  # hardware JPEG decoder busy share
 HW_DECODER_STEP = 0.25  # DALI's hw_decoder_load raised by this where nvJPEG slows the step
 KNEE_WITHIN = 0.05  # a sweep's knee: the smallest setting within 5% of the best
+KNEE_POINTS = 2  # a knee is stated where this many settings were measured: one beside it
 PAST_PEAK = 0.05  # larger settings this far below the best are oversubscribed
 DALI_WORTH_IT = 0.15  # a DALI migration must gain at least 15% over the DataLoader ...
 DALI_FREES_WORTH_IT = 0.25  # ... unless it frees this share of the cores: then any gain will do

@@ -139,8 +139,13 @@ def start(store: Store, form: LaunchForm) -> LaunchRecord:
     problems = check(form)
     if problems:
         raise InputError("; ".join(problems))
+    return _spawn(store, form.command, form.argv(), form.devices)
+
+
+def _spawn(store: Store, command: str, argv: list[str], devices: list[str]) -> LaunchRecord:
+    """Starts `probe` with `argv` in a new process where no probe uses `devices`."""
     busy = busy_devices(store)
-    taken = [device for device in form.devices if device in busy]
+    taken = [device for device in devices if device in busy]
     if taken:
         what = "the CPU" if taken[0] == "cpu" else f"GPU {taken[0]}"
         raise InputError(
@@ -152,12 +157,11 @@ def start(store: Store, form: LaunchForm) -> LaunchRecord:
     )
     log = store.path.parent / "launches" / f"{launch_id}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    argv = form.argv()
     record = LaunchRecord(
         launch_id=launch_id,
-        command=form.command,
+        command=command,
         argv=argv,
-        devices=form.devices,
+        devices=devices,
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         pid=None,
         status=RunStatus.RUNNING,
@@ -212,9 +216,11 @@ def log_tail(launch: LaunchRecord, lines: int = 30) -> str:
     return "\n".join(text.replace("\r", "\n").splitlines()[-lines:])
 
 
-# A line that reads as an error: the probe's own ("error: ..."), one naming an exception (a
-# traceback's last line), or a lane's failure ("lane 0: failed: ...").
-_ERROR_LINE = re.compile(r"^error:|(Error|Exception)\b|\bfailed: ")
+# A line that reads as an error: the probe's own ("error: ...", a session's "no answer: ..."),
+# one naming an exception (a traceback's last line), or a lane's failure ("lane 0: failed: ...").
+_ERROR_LINE = re.compile(r"^(error|no answer):|(Error|Exception)\b|\bfailed: ")
+# The budget a reason says would have fitted ("... --budget 130 would ...").
+_BUDGET_HINT = re.compile(r"--budget (\d+)")
 
 
 def error_line(text: str) -> str | None:
@@ -229,6 +235,31 @@ def failure_reason(launch: LaunchRecord) -> str | None:
         return error_line(Path(launch.log_path).read_text(errors="replace"))
     except OSError:
         return None
+
+
+def budget_hint(reason: str | None) -> int | None:
+    """The budget, in seconds, that a failure's reason says would have fitted (None: it names
+    none)."""
+    found = _BUDGET_HINT.findall(reason or "")
+    return int(found[-1]) if found else None
+
+
+def again(store: Store, launch: LaunchRecord, budget_s: int | None = None) -> LaunchRecord:
+    """Starts a launch again as it was; a sweep or doctor with `budget_s` as its budget where
+    one is given.
+
+    Raises:
+        InputError: a budget for a probe run, or a probe is using one of its devices.
+    """
+    argv = list(launch.argv)
+    if budget_s is not None:
+        if launch.command not in ("sweep", "doctor"):
+            raise InputError(f"{launch.launch_id} is a probe {launch.command}: it has no budget")
+        if "--budget" in argv:
+            position = argv.index("--budget")
+            del argv[position : position + 2]
+        argv += ["--budget", str(budget_s)]
+    return _spawn(store, launch.command, argv, launch.devices)
 
 
 def _main(arguments: list[str]) -> int:

@@ -115,6 +115,12 @@ class Report:
         return self.diagnosis.asides
 
     @property
+    def agreed(self) -> bool:
+        """Whether a recommendation's run again agreed with it (`measured_again`)."""
+        verify = None if self.session is None else self.session.verify
+        return verify is None or verify.agrees
+
+    @property
     def scope(self) -> str:
         """Whose the recommendations' images/s are (`job_scope`)."""
         if self.session is not None and self.session.devices:
@@ -212,7 +218,7 @@ def markdown(report: Report) -> str:
     if top is not None:
         action = _md_prose(top.action)
         line = f"**Top recommendation**: `{_code(top.setting)}`: {action}"
-        lines += [line + recommendation_rates(top, report.scope), ""]
+        lines += [line + recommendation_rates(top, report.scope, report.agreed), ""]
     verify = None if report.session is None else report.session.verify
     if verify is not None and verify.outcome:  # the check changed or kept the answer: say so
         lines += [f"**Its verification**: {_md_prose(verify.outcome)}", ""]

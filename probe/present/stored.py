@@ -22,12 +22,15 @@ REPORT_FORMATS = {".html": "html", ".htm": "html", ".md": "md", ".json": "json"}
 
 
 def runs(db: Path | None, as_json: bool, limit: int) -> int:
-    """The recorded runs, newest first (those whose process died unseen marked so)."""
+    """The doctor and sweep sessions with their answers, then the recorded runs, newest first
+    (those whose process died unseen marked so); with `as_json`, the runs."""
     from probe.measure.samplers.host import pid_alive
+    from probe.present.listing import session_rows
 
     with Store(db, create=db is None) as store:
         store.mark_abandoned_runs(socket.gethostname(), pid_alive)
         documents = [read_run(store, r.run_id) for r in store.runs()[:limit]]
+        sessions = [] if as_json else session_rows(store, limit)
     if as_json:
         listing = [
             {
@@ -39,10 +42,13 @@ def runs(db: Path | None, as_json: bool, limit: int) -> int:
             for d in documents
         ]  # fmt: skip
         click.echo(json_text(listing))
-    elif not documents:
-        console.err.print("no runs yet: start one with `probe run`")
+    elif not documents and not sessions:
+        console.err.print("no runs yet: start one with `probe doctor` (or `probe run`)")
     else:
-        console.out.print(terminal.runs_table(documents))
+        if sessions:  # the answers first, then the runs that gave them
+            console.out.print(terminal.sessions_table(sessions))
+        if documents:
+            console.out.print(terminal.runs_table(documents))
     return 0
 
 

@@ -24,6 +24,7 @@ from probe.metrics import (
     LATENCY,
     NVJPG,
     LaneFigures,
+    against_text,
     busy_metric,
     per_device,
 )
@@ -131,9 +132,10 @@ def brief_grid(briefs: Sequence[RunBrief]) -> Grid:
 
 
 def recommendation_grid(recommendations: Sequence[Recommendation]) -> Grid:
-    """Ranked recommendations: the change, what it is, predicted and verified images/s, and how
-    the prediction was made; long texts `short` (`recommendation_notes` has them whole)."""
-    header = ("#", "change", "what", "predicted images/s", "verified images/s", "basis")
+    """Ranked recommendations: the change, what it is, predicted images/s and those of its run
+    again (the verification, where one was run), and how the prediction was made; long texts
+    `short` (`recommendation_notes` has them whole)."""
+    header = ("#", "change", "what", "predicted images/s", "run again, images/s", "basis")
     rows = tuple(
         (
             str(rank),
@@ -157,21 +159,53 @@ def recommendation_notes(recommendations: Sequence[Recommendation]) -> list[str]
     ]
 
 
-def recommendation_text(item: Recommendation, scope: str = "") -> str:
+def recommendation_text(item: Recommendation, scope: str = "", agreed: bool = True) -> str:
     """A recommendation in one line: the change, what it does, and its images/s, predicted and
-    verified (`scope`: whose, `job_scope`)."""
-    return f"{item.setting}: {item.action}{recommendation_rates(item, scope)}"
+    verified (`scope`: whose, `job_scope`; `agreed`: `measured_again`'s)."""
+    return f"{item.setting}: {item.action}{recommendation_rates(item, scope, agreed)}"
 
 
-def recommendation_rates(item: Recommendation, scope: str = "") -> str:
-    """'; predicted 3,659 ± 44 images/s, verified 3,633 images/s' (what of it is known)."""
+def recommendation_rates(item: Recommendation, scope: str = "", agreed: bool = True) -> str:
+    """'; predicted 3,659 ± 44 images/s, verified 3,633 images/s (-0.7%)' (what of it is
+    known)."""
     text = ""
     if item.predicted_images_per_s is not None:
         predicted = IMAGES_PER_S.text(item.predicted_images_per_s, item.predicted_error)
         text += f"; predicted {predicted}{scope}"
-    if item.measured_images_per_s is not None:
-        text += f", verified {IMAGES_PER_S.text(item.measured_images_per_s)}"
-    return text
+    again = measured_again(item, agreed)
+    return text + (f", {again}" if again else "")
+
+
+def measured_again(item: Recommendation, agreed: bool = True, delta: bool = False) -> str | None:
+    """A recommendation's run again, against its prediction: "verified 3,633 images/s (-0.7%)"
+    where that run agreed with it (`agreed`), else "measured again 379 images/s (-8.2%)"; with
+    `delta`, the sign first, as a metric's delta reads it ("-0.7%: verified 3,633"). None where
+    it was not run again."""
+    measured = item.measured_images_per_s
+    if measured is None:
+        return None
+    word = "verified" if agreed else "measured again"
+    if item.predicted_images_per_s is None:
+        return f"{word} {IMAGES_PER_S.text(measured)}"
+    change = against_text(measured, item.predicted_images_per_s)
+    if delta:
+        return f"{change}: {word} {IMAGES_PER_S.cell(measured)}"
+    return f"{word} {IMAGES_PER_S.text(measured)} ({change})"
+
+
+def verification_summary(session: Session) -> str:
+    """Which recommendation was run again: "the first one verified" only where it was."""
+    verify = session.verify
+    if verify is None:
+        return "none run again"
+    ranks = [i for i, r in enumerate(session.recommendations, 1) if r.change == verify.change]
+    if ranks and ranks[0] == 1:
+        return "the first one verified" if verify.agrees else "the first one measured again"
+    if ranks and any(run.setting == session.recommendations[0].setting for run in verify.in_turn):
+        return f"recommendation {ranks[0]} verified, and the first one measured again beside it"
+    if ranks:
+        return f"the first one measured once; recommendation {ranks[0]} run again"
+    return f"the first one measured once; {verify.change.setting} run again"
 
 
 OVERSUBSCRIBED, HOST_BUSY = "oversubscribed", "host busy"  # a point's marks in `point_grid`
@@ -188,10 +222,10 @@ def point_grid(session: Session) -> Grid:
     header = (
         knob,
         IMAGES_PER_S.heading + job_scope(session.devices),
-        *(("predicted", "predicted vs measured") if predicting else ()),
+        *(("predicted", "measured vs predicted") if predicting else ()),
         DATA_WAIT.heading,
         CPU.heading,
-        "",
+        "marks",
         "run",
     )
     rows = []
@@ -208,8 +242,8 @@ def point_grid(session: Session) -> Grid:
         ]
         predicted = session.predicted(point.setting)
         against = (
-            (IMAGES_PER_S.cell(predicted), f"{predicted / point.images_per_s - 1:+.1%}")
-            if predicted is not None and point.images_per_s
+            (IMAGES_PER_S.cell(predicted), against_text(point.images_per_s, predicted))
+            if predicted is not None
             else ("-", "-")
         )
         rows.append(
@@ -223,10 +257,9 @@ def point_grid(session: Session) -> Grid:
                 point.run_id or "",
             )
         )
-    for skipped in session.skipped:
-        predicted = session.predicted(skipped.setting)
-        guess = (IMAGES_PER_S.cell(predicted), "not measured") if predicting else ()
-        rows.append((str(skipped.setting), "-", *guess, "-", "-", "not run", ""))
+    for skipped in session.skipped:  # no figure, predicted or measured, for what was not run
+        rows.append((str(skipped.setting), "-", *(("-", "-") if predicting else ()), "-", "-",
+                     "not run", ""))  # fmt: skip
     numeric = frozenset(range(len(header) - 2)) - ({3} if predicting else set())
     return Grid(header, tuple(rows), numeric)
 
@@ -250,12 +283,20 @@ def curve_lines(session: Session) -> list[str]:
         return []
     knee = curve.knee(curve.settings())
     close = curve.knee(curve.settings(), KNEE_WITHIN / 2)  # where the doctor aims
+    within = f"within {KNEE_WITHIN:.0%} of its best from num_workers={knee}"
+    if close == knee:  # one setting, said once
+        within = (
+            f"within {KNEE_WITHIN:.0%} (and {KNEE_WITHIN / 2:.1%}) of its best from "
+            f"num_workers={knee}"
+        )
+    else:
+        within += (
+            f", {IMAGES_PER_S.text(curve.images_per_s(knee))}, and within "
+            f"{KNEE_WITHIN / 2:.1%} from num_workers={close}"
+        )
     return [
-        f"predicted from run {curve.run_id} (num_workers={curve.workers}): within "
-        f"{KNEE_WITHIN:.0%} of its best from num_workers={knee}, "
-        f"{IMAGES_PER_S.text(curve.images_per_s(knee))}, and within {KNEE_WITHIN / 2:.1%} "
-        f"from num_workers={close}, {IMAGES_PER_S.text(curve.images_per_s(close))} (bound "
-        f"by the {curve.bound(close)})",
+        f"predicted from run {curve.run_id} (num_workers={curve.workers}): {within}, "
+        f"{IMAGES_PER_S.text(curve.images_per_s(close))} (bound by the {curve.bound(close)})",
         f"its terms, measured: {curve.text}",
     ]
 
@@ -433,7 +474,10 @@ def _transients(lane: LaneDocument) -> list[str]:
         settled = ", not settled" if figures.warmup_settled is False else ""
         parts.append(f"warm-up {figures.warmup_batches} batches, {figures.warmup_s:.1f} s{settled}")
     if figures.capped:
-        parts.append("measuring stopped at its time limit before images/s was as precise")
+        parts.append(
+            "measuring stopped at its time limit before images/s was known within the "
+            "precision asked (--precision): its ± says how well it is known"
+        )
     out = [f"lane {lane.lane}: " + "; ".join(parts)] if parts else []
     start = figures.epoch_start
     if start:
@@ -504,23 +548,27 @@ def diagnosis_lines(
     recommendations: Sequence[Recommendation],
     asides: Sequence[Recommendation] = (),
     scope: str = "",
+    agreed: bool = True,
 ) -> list[str]:
     """A verdict with its evidence, then the recommendations, ranked, then the changes set
-    aside (below yours); `scope` says whose images/s they are (`job_scope`)."""
+    aside (below yours); `scope` says whose images/s they are (`job_scope`); `agreed`: whether
+    the run that measured a recommendation again agreed with it (it is "verified" only then)."""
     lines = [f"verdict: {headline(verdict)}"] + [f"  - {item.text}" for item in verdict.evidence]
     for title, items in (("recommendations", recommendations),
                          (f"not recommended: {ASIDE}", asides)):  # fmt: skip
         if items:
             lines.append(f"{title}:")
         for rank, item in enumerate(items, 1):
-            lines += _recommendation_lines(rank, item, scope)
+            lines += _recommendation_lines(rank, item, scope, agreed)
     return lines
 
 
 ASIDE = "measured or predicted below yours"  # what sets a change aside
 
 
-def _recommendation_lines(rank: int, item: Recommendation, scope: str) -> list[str]:
+def _recommendation_lines(
+    rank: int, item: Recommendation, scope: str, agreed: bool = True
+) -> list[str]:
     predicted = item.predicted_images_per_s
     line = f"  {rank}. {item.setting}: {item.action}"
     if predicted is not None:
@@ -528,10 +576,9 @@ def _recommendation_lines(rank: int, item: Recommendation, scope: str) -> list[s
         line += f"; predicted {shown}{scope} ({item.basis})"
     else:
         line += f" ({item.basis})"
-    if item.measured_images_per_s is not None:
-        measured = item.measured_images_per_s
-        change = f" ({measured / predicted - 1:+.1%})" if predicted else ""
-        line += f"; verified: {IMAGES_PER_S.text(measured)}{change}"
+    again = measured_again(item, agreed)
+    if again:
+        line += f"; {again}"
     return [line, *(f"     {note}" for note in item.notes)]
 
 
@@ -540,9 +587,34 @@ def doctor_lines(session: Session) -> list[str]:
     verification, as text."""
     if session.verdict is None:
         return [f"session {session.session_id}: no answer{because(session.reason)}"]
+    agreed = session.verify is None or session.verify.agrees
     return diagnosis_lines(
-        session.verdict, session.recommendations, session.asides, job_scope(session.devices)
+        session.verdict,
+        session.recommendations,
+        session.asides,
+        job_scope(session.devices),
+        agreed,
     ) + doctor_notes(session)
+
+
+def verified_what(session: Session) -> str:
+    """What the verification re-ran, and where that is not the first recommendation, which
+    one it is and that the first was measured once."""
+    assert session.verify is not None
+    setting = session.verify.change.setting
+    ranks = [i for i, r in enumerate(session.recommendations, 1) if r.setting == setting]
+    if not ranks or ranks[0] == 1:
+        return f"verified {setting}"
+    first = session.recommendations[0].setting
+    if any(run.setting == first for run in session.verify.in_turn):
+        return (
+            f"verified {setting} (recommendation {ranks[0]}; recommendation 1, {first}, measured "
+            "again beside it)"
+        )
+    return (
+        f"verified {setting} (recommendation {ranks[0]}; recommendation 1, {first}, was measured "
+        "once, not re-run)"
+    )
 
 
 def doctor_notes(session: Session) -> list[str]:
@@ -571,10 +643,12 @@ def doctor_notes(session: Session) -> list[str]:
         measured = IMAGES_PER_S.text(
             verify.measured_images_per_s, verify.measured_images_per_s_error
         )
+        # one prediction a setting: where the answer revised it, the first is said as what it was
+        first = "predicted" if verify.agrees else "predicted at first"
         lines.append(
-            f"verified {verify.change.setting}: predicted {predicted}, measured {measured} "
-            f"({verify.error_frac:+.1%}: {agrees} their errors and the drift between runs; "
-            f"run {verify.run_id})"
+            f"{verified_what(session)}: {first} {predicted}, measured {measured} "
+            f"({against_text(verify.measured_images_per_s, verify.predicted_images_per_s)}: "
+            f"{agrees} their errors and the drift between runs; run {verify.run_id})"
         )
         lines += [
             f"  in turn: {item.setting}: "

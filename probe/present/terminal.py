@@ -17,6 +17,7 @@ from rich.table import Table
 from probe.judge.results import Scaling, Session
 from probe.measure.bench import BenchResult
 from probe.metrics import DATA_WAIT, IMAGES_PER_S, LaneFigures
+from probe.present.listing import SessionRow
 from probe.present.tables import (
     PIPELINE_ONLY_WAIT,
     lane_grid,
@@ -96,9 +97,10 @@ def runs_table(documents: Sequence[RunDocument]) -> Fitted:
     wide, narrow = Table(title=title), Table(title=title)
     for table in (wide, narrow):
         table.add_column("run", **_whole(d.run_id for d in documents))
-    for column in header[1:]:
-        wide.add_column(column, justify="right" if column in _NUMERIC else "left")
-    wide.add_column("label", overflow="fold")  # free text: it gives way first
+    for position, column in enumerate(header[1:], 1):
+        whole = _whole(row[position] for row in rows) if column in _WHOLE else {}
+        wide.add_column(column, justify="right" if column in _NUMERIC else "left", **whole)
+    wide.add_column("label", overflow="fold", min_width=LABEL_ROOM)  # free text: gives way first
     narrow.add_column("created (UTC), status; pipeline, consumer, lanes; figures; label")
     for d, row in zip(documents, rows, strict=True):
         wide.add_row(*row, d.label or "")
@@ -109,12 +111,29 @@ def runs_table(documents: Sequence[RunDocument]) -> Fitted:
             f"{IMAGES_PER_S.text(d.images_per_s)}, {DATA_WAIT.label} {row[7]}{label}",
         )
     # the columns' longest words, their padding and rules, and a little room for the label
-    needs = sum(3 + max(len(word) for text in column for word in text.split())
+    needs = sum(3 + max(len(text) if column[0] in _WHOLE else max(map(len, text.split()))
+                        for text in column)
                 for column in zip(header, *rows, strict=True)) + 4 + LABEL_ROOM  # fmt: skip
     return Fitted(wide, narrow, needs)
 
 
-LABEL_ROOM = 8  # columns the label keeps in the wide layout (it folds into them)
+def sessions_table(rows: Sequence[SessionRow]) -> Table:
+    """The newest doctor and sweep sessions, one row each, with their answers: the verdict (or
+    the knee, or why there is none) and the first recommendation."""
+    table = Table(title=f"Sessions ({len(rows)} newest)")
+    table.add_column("session", **_whole(r.session_id for r in rows))
+    table.add_column("created (UTC)", **_whole(r.created for r in rows))
+    table.add_column("status")
+    table.add_column("answer", overflow="fold", ratio=1)
+    table.add_column("first recommendation", overflow="fold", ratio=1)
+    for row in rows:
+        created = row.created.replace("T", " ").rstrip("Z")
+        table.add_row(row.session_id, created, row.status, row.answer, row.recommendation)
+    return table
+
+
+LABEL_ROOM = 20  # columns the label keeps in the wide layout ("verify num_workers=12" folds)
+_WHOLE = frozenset({"created (UTC)"})  # columns kept on one line in the wide layout
 
 
 class Fitted:

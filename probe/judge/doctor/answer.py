@@ -26,10 +26,10 @@ from probe.judge.recommend import (
 )
 from probe.judge.results import CoresFreed, DaliRun, EpochsRun, InTurn, Verification
 from probe.judge.session import Points, WarmSession, point_of, with_change, with_setting
-from probe.judge.thresholds import EPOCH_START_SHARE, KNEE_WITHIN
+from probe.judge.thresholds import EPOCH_START_SHARE, KNEE_POINTS, KNEE_WITHIN
 from probe.judge.verdicts import Verdict, VerdictKind
 from probe.measure.config import ProbeConfig
-from probe.metrics import CPU, IMAGES_PER_S, MEMORY, NVJPG
+from probe.metrics import CPU, IMAGES_PER_S, MEMORY, NVJPG, against_text
 from probe.records import RunStatus
 from probe.steady import Estimate, above, at_least, margin, pooled
 from probe.store.db import Store
@@ -55,9 +55,10 @@ def baseline_verdict(
             f"({IMAGES_PER_S.text(best.images_per_s, best.images_per_s_error)}, "
             f"{gain:+.0%} on yours, num_workers={baseline.setting})"
         )
-    text += f"; the knee is num_workers={knee.setting}"
-    evidence = (*verdict.evidence, Evidence("images_per_s", best.images_per_s, text))
     busy = [p for p in points.measured.values() if p.host_busy]
+    if knee_told(analysis, bool(busy)):
+        text += f"; the knee is num_workers={knee.setting}"
+    evidence = (*verdict.evidence, Evidence("images_per_s", best.images_per_s, text))
     if busy:
         settings = ", ".join(f"num_workers={p.setting}" for p in busy)
         fed = verdict.kind is VerdictKind.FED  # fed even so: that answer holds
@@ -85,6 +86,12 @@ def baseline_verdict(
     ):
         kind = VerdictKind.STARVED_LOADER_LIMIT  # more workers were measured: they do not help
     return replace(verdict, kind=kind, evidence=evidence)
+
+
+def knee_told(analysis: SweepAnalysis, busy: bool) -> bool:
+    """Whether the sweep's knee can be stated: a point beside it measured, and no point taken
+    while other processes took the host's CPU."""
+    return len(analysis.points) >= KNEE_POINTS and not busy
 
 
 def epoch_recommendations(
@@ -237,9 +244,66 @@ def verify(
     )
     if agrees:
         recommendations[0] = replace(top, measured_images_per_s=point.images_per_s)
+    else:
+        verification, recommendations, dali = _disagreed(
+            session, base, verification, point, recommendations, baseline, verdict, dali, cores
+        )
+    stays = recommendations[0].change == top.change and not verification.in_turn
+    if stays and top.change.knob is Knob.PIPELINE:  # a ratio of runs apart: measured side by side
+        return _beside_yours(session, base, verification, point, recommendations, baseline,
+                             dali, cores)  # fmt: skip
+    return verification, recommendations, dali
+
+
+def _beside_yours(
+    session: WarmSession,
+    base: ProbeConfig,
+    verification: Verification,
+    point: SweepPoint,
+    recommendations: list[Recommendation],
+    baseline: SweepPoint,
+    dali: DaliRun,
+    cores: float,
+) -> tuple[Verification, list[Recommendation], DaliRun]:
+    """DALI, verified, against the DataLoader's answer (the next recommendation of workers, else
+    yours) measured again right after it: the migration is weighed on two runs a point apart,
+    not on runs minutes apart (a shared host's rate moves more than their errors between them).
+    Where that pair does not bear it out, either may be the answer, and the DataLoader's,
+    measured twice, stays first."""
+    top = recommendations[0]
+    loader = next((r for r in recommendations[1:] if r.change.knob is Knob.NUM_WORKERS), None)
+    setting = baseline.setting
+    if loader is not None and isinstance(loader.change.value, int):
+        setting = loader.change.value
+    config = with_setting(base, "num_workers", setting)
+    if config is None or session.stop.is_set() or not session.budget.fits():
         return verification, recommendations, dali
-    return _disagreed(session, base, verification, point, recommendations, baseline, verdict,
-                      dali, cores)  # fmt: skip
+    name = workers(setting).setting
+    document = session.measure(replace(config, label=f"in turn with DALI: {name}"), later=0)
+    if document is None or document.status != RunStatus.COMPLETED.value:
+        return verification, recommendations, dali
+    mine = point_of(session.store, document, 0)
+    run = InTurn(name, mine.images_per_s, mine.images_per_s_error, document.run_id)
+    pair = (
+        f"measured beside {name} again, it gave {IMAGES_PER_S.text(point.images_per_s)} against "
+        f"{IMAGES_PER_S.text(mine.images_per_s, mine.images_per_s_error)}"
+    )
+    earlier = f"{verification.outcome}; " if verification.outcome else ""
+    if _bears_out(top.change, mine.estimate, point.estimate, setting, dali, cores):
+        outcome = f"{earlier}{pair}: it stays the answer"
+        return replace(verification, in_turn=(run,), outcome=outcome), recommendations, dali
+    outcome = earlier + (
+        f"{pair} ({against_text(point.images_per_s, mine.images_per_s, 0)}): not the gain a "
+        f"migration must show beyond their errors and the drift; either may be the answer, and "
+        f"{name}, measured twice, stays first"
+    )
+    if loader is None or loader.change == workers(baseline.setting):
+        first = keep_yours(baseline, pooled([baseline.estimate, mine.estimate]), outcome, None)
+    else:
+        first = replace(loader, notes=(*loader.notes, outcome))
+    either = replace(top, notes=(*top.notes, f"either: {pair}"))
+    out = one_each([first, either, *recommendations[1:]])
+    return replace(verification, in_turn=(run,), outcome=outcome), out, dali
 
 
 def _disagreed(
@@ -312,9 +376,15 @@ def _yours_twice(
     out = [top, *recommendations[1:]]
     dali, worth = weigh_dali(session.store, dali, baseline, both, verdict, cores)
     if worth and dali.change.setting not in {r.setting for r in out}:
+        # against your first run it was not worth it: either may be the answer, and the one
+        # measured twice stays first (the same first answer, whichever run the host favoured)
+        either = (
+            "either: against your setting's two runs DALI is worth the migration, against its "
+            "first it was not; it was measured once, not verified"
+        )
         notes = [dali.freed.text] if dali.freed is not None else []
-        out.insert(0, dali_recommendation(dali, notes))
-        outcome += "; against that, DALI is worth the migration (measured once, not verified)"
+        out.insert(1, dali_recommendation(dali, [*notes, either]))
+        outcome += "; against that, DALI is worth the migration: either (recommendation 2)"
     return replace(verification, outcome=outcome), one_each(out), dali
 
 

@@ -17,6 +17,7 @@ from probe.judge.doctor.answer import (
     answer,
     baseline_verdict,
     epoch_recommendations,
+    knee_told,
     verify,
     weigh_dali,
 )
@@ -172,7 +173,7 @@ def run_doctor(
         elapsed_s=budget.elapsed(),
         points=analysis.points,
         best=analysis.best,
-        knee=analysis.knee,
+        knee=analysis.knee if knee_told(analysis, verdict.kind is VerdictKind.HOST_BUSY) else None,
         oversubscribed=tuple(p.setting for p in analysis.oversubscribed),
         skipped=tuple(points.skipped),
         run_ids=tuple(session.run_ids),

@@ -156,8 +156,8 @@ def _side(setting: int | None, settings: Sequence[int]) -> str:
 
 
 def compare_bars(briefs: Sequence[RunBrief]) -> go.Figure:
-    """Runs side by side: images/s, data-wait (each run's worst lane's), GPU busy-ness and CPU
-    cores."""
+    """Runs side by side: images/s, data-wait (each run's worst lane's), CPU cores, and GPU
+    busy-ness where a run has it (runs on the CPU alone get no GPU panel)."""
     names = [brief.name for brief in briefs]
     metrics = {busy_metric(brief.sm_active_source) for brief in briefs} - {None}
     busy = next(iter(metrics)) if len(metrics) == 1 else None
@@ -166,16 +166,20 @@ def compare_bars(briefs: Sequence[RunBrief]) -> go.Figure:
         if busy
         else f"GPU busy %<br><sup>{SM_ACTIVE.title} or {KERNEL_ACTIVE.title}</sup>"
     )
+    titled: list[tuple[str, str, list[float | None]]] = [  # and each one's hover value
+        (IMAGES_PER_S.axis, "%{y:,.0f} images/s", [brief.images_per_s for brief in briefs]),
+        (DATA_WAIT.axis, "%{y:.1f}%", [_shown(DATA_WAIT, b.data_wait_frac) for b in briefs]),
+        (busy_title, "%{y:.1f}%", [brief.sm_active_pct for brief in briefs]),
+        (CPU.axis, "%{y:.1f} cores", [brief.cpu_cores for brief in briefs]),
+    ]
+    if all(brief.sm_active_pct is None for brief in briefs) and not metrics:  # no GPU
+        titled = [panel for panel in titled if panel[0] != busy_title]
+    cols = 2 if len(titled) == 4 else len(titled)
     figure = make_subplots(
-        rows=2,
-        cols=2,
-        subplot_titles=[IMAGES_PER_S.axis, DATA_WAIT.axis, busy_title, CPU.axis],
+        rows=len(titled) // cols, cols=cols, subplot_titles=[title for title, _, _ in titled]
     )
-    panels: list[tuple[int, int, str, list[float | None]]] = [  # and each one's hover value
-        (1, 1, "%{y:,.0f} images/s", [brief.images_per_s for brief in briefs]),
-        (1, 2, "%{y:.1f}%", [_shown(DATA_WAIT, brief.data_wait_frac) for brief in briefs]),
-        (2, 1, "%{y:.1f}%", [brief.sm_active_pct for brief in briefs]),
-        (2, 2, "%{y:.1f} cores", [brief.cpu_cores for brief in briefs]),
+    panels = [
+        (i // cols + 1, i % cols + 1, shown, values) for i, (_, shown, values) in enumerate(titled)
     ]
     for row, col, shown, values in panels:
         figure.add_trace(
@@ -201,7 +205,7 @@ def compare_bars(briefs: Sequence[RunBrief]) -> go.Figure:
                 row=row,
                 col=col,
             )
-    return layout(figure, "Runs compared", height=560)
+    return layout(figure, "Runs compared", height=560 if len(titled) == 4 else 360)
 
 
 def _shown(metric: Metric, value: float | None) -> float | None:
