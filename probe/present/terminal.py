@@ -132,7 +132,7 @@ def sessions_table(rows: Sequence[SessionRow]) -> Table:
     return table
 
 
-LABEL_ROOM = 20  # columns the label keeps in the wide layout ("verify num_workers=12" folds)
+LABEL_ROOM = 14  # columns the label keeps in the wide layout ("num_workers=12" whole)
 _WHOLE = frozenset({"created (UTC)"})  # columns kept on one line in the wide layout
 
 
