@@ -436,17 +436,20 @@ def test_doctor_on_a_small_budget(tmp_path: Path, photos: Path) -> None:
     predicted = {p["num_workers"]: p["images_per_s"] for p in document["curve"]["predicted"]}
     assert set(settings) <= set(predicted)
     assert all(p["images_per_s"] > 0 for p in document["sweep"])
-    assert document["knee"]["num_workers"] in {p["num_workers"] for p in document["sweep"]}
+    if len(settings) >= 2:  # a knee is told only beside another point measured
+        assert document["knee"]["num_workers"] in settings
+    else:
+        assert document["knee"] is None
     assert document["dali"]["images_per_s"] is not None or document["dali"]["reason"]
     assert document["elapsed_s"] < 50 + 15  # the budget holds, give or take the last run
     with Store(db) as store:
         assert {r.run_id for r in store.runs()} == set(document["run_ids"])
         assert {r.session_id for r in store.runs()} == {document["session_id"]}
         assert store.session(document["session_id"]).document == document
-    if document["verify"] is not None:
-        top = document["recommendations"][0]
-        assert top["measured_images_per_s"] == document["verify"]["measured_images_per_s"]
-        assert document["verify"]["predicted_images_per_s"] == top["predicted_images_per_s"]
+    verify, top = document["verify"], document["recommendations"][0]
+    if verify is not None and verify["agrees"] and top["setting"] == verify["setting"]:
+        assert top["measured_images_per_s"] == verify["measured_images_per_s"]
+        assert verify["predicted_images_per_s"] == top["predicted_images_per_s"]
     shown = probe("show", document["session_id"], "--db", db)
     assert shown.returncode == 0
     assert "verdict:" in shown.stdout

@@ -72,9 +72,9 @@ def test_every_output_shows_the_same_figures(
     assert table.returncode == 0, table.stderr
     # the run's row, to the next run's: one line wide, or its words wrapped where the console
     # is too narrow for the columns
-    row = table.stdout.split(run_id, 1)[1]
-    row = re.split(r"\d{8}-\d{6}-[0-9a-f]{4}", row, maxsplit=1)[0]
-    assert DATA_WAIT.cell(worst) in " ".join(row.replace("│", " ").split())
+    after = table.stdout.split(run_id, 1)[1]
+    record = re.split(r"\d{8}-\d{6}-[0-9a-f]{4}", after, maxsplit=1)[0]
+    assert DATA_WAIT.cell(worst) in " ".join(record.replace("│", " ").split())
     markdown = probe_cli("report", run_id, "--db", db, "--format", "md").stdout
     for lane in lanes:
         cells = (
