@@ -193,18 +193,28 @@ def measured_again(item: Recommendation, agreed: bool = True, delta: bool = Fals
     return f"{word} {IMAGES_PER_S.text(measured)} ({change})"
 
 
+def _run_again(session: Session) -> tuple[int | None, bool]:
+    """The rank of the recommendation the verification re-ran (None: it is not listed), and
+    whether the first recommendation was measured again beside it."""
+    verify = session.verify
+    assert verify is not None
+    ranks = [i for i, r in enumerate(session.recommendations, 1) if r.change == verify.change]
+    first = session.recommendations[0].setting if session.recommendations else None
+    return (ranks[0] if ranks else None), any(run.setting == first for run in verify.in_turn)
+
+
 def verification_summary(session: Session) -> str:
     """Which recommendation was run again: "the first one verified" only where it was."""
     verify = session.verify
     if verify is None:
         return "none run again"
-    ranks = [i for i, r in enumerate(session.recommendations, 1) if r.change == verify.change]
-    if ranks and ranks[0] == 1:
+    rank, beside = _run_again(session)
+    if rank == 1:
         return "the first one verified" if verify.agrees else "the first one measured again"
-    if ranks and any(run.setting == session.recommendations[0].setting for run in verify.in_turn):
-        return f"recommendation {ranks[0]} verified, and the first one measured again beside it"
-    if ranks:
-        return f"the first one measured once; recommendation {ranks[0]} run again"
+    if rank is not None and beside:
+        return f"recommendation {rank} verified, and the first one measured again beside it"
+    if rank is not None:
+        return f"the first one measured once; recommendation {rank} run again"
     return f"the first one measured once; {verify.change.setting} run again"
 
 
@@ -602,19 +612,12 @@ def verified_what(session: Session) -> str:
     one it is and that the first was measured once."""
     assert session.verify is not None
     setting = session.verify.change.setting
-    ranks = [i for i, r in enumerate(session.recommendations, 1) if r.setting == setting]
-    if not ranks or ranks[0] == 1:
+    rank, beside = _run_again(session)
+    if rank is None or rank == 1:
         return f"verified {setting}"
     first = session.recommendations[0].setting
-    if any(run.setting == first for run in session.verify.in_turn):
-        return (
-            f"verified {setting} (recommendation {ranks[0]}; recommendation 1, {first}, measured "
-            "again beside it)"
-        )
-    return (
-        f"verified {setting} (recommendation {ranks[0]}; recommendation 1, {first}, was measured "
-        "once, not re-run)"
-    )
+    how = "measured again beside it" if beside else "was measured once, not re-run"
+    return f"verified {setting} (recommendation {rank}; recommendation 1, {first}, {how})"
 
 
 def doctor_notes(session: Session) -> list[str]:
