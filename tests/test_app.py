@@ -286,10 +286,18 @@ def test_the_run_page_shows_lanes_on_one_time_axis_and_the_diagnosis(
     with Store(filled["db"]) as store:
         series = run_series(store, two["run_id"])
     assert series is not None
-    slowest = slowest_lanes(series)  # the lanes measured in the same second at least
-    assert slowest is not None
-    assert titles[2] == SLOWEST_TITLE
-    assert slowest_line(slowest) in texts(at.caption)
+    # The strip needs a second both lanes measured in: each lane starts once its process is up,
+    # and on a loaded host this short run's two lanes can measure apart.
+    slowest = slowest_lanes(series)
+    if slowest is None:
+        assert SLOWEST_TITLE not in titles
+        captions = texts(at.caption)
+        assert not any(
+            "was the slowest in" in text or "than the others" in text for text in captions
+        )
+    else:
+        assert titles[2] == SLOWEST_TITLE
+        assert slowest_line(slowest) in texts(at.caption)
     assert figures[3]["data"][0]["type"] == "heatmap"
     labels = [button.proto.label for button in at.get("download_button")]
     assert labels == ["HTML report", "Markdown summary", "JSON (everything)"]
