@@ -15,6 +15,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+    from pathlib import Path
+
     from pipelines import InputError
     from probe.measure.lightning import FeedscopeCallback
     from probe.measure.watch import watch
@@ -22,10 +25,22 @@ if TYPE_CHECKING:
 __all__ = ["FeedscopeCallback", "InputError", "watch"]
 
 
+def _answerer() -> Callable[[Path, str], list[str]]:
+    """How `watch` tells the answer when the process exits: the judge's, which `probe.measure`
+    below it cannot import. Loaded when the first watched run starts, since an exiting process
+    cannot load what registers its own exit (`concurrent.futures`)."""
+    import probe.judge.diagnosis
+    import probe.store.documents  # noqa: F401  (used by the answer, at exit)
+    from probe.present.measuring import loader_answers
+
+    return loader_answers
+
+
 def __getattr__(name: str) -> Any:
     if name == "watch":
-        from probe.measure.watch import watch
+        from probe.measure.watch import Answer, watch
 
+        Answer.teller = _answerer
         return watch
     if name == "FeedscopeCallback":
         from probe.measure.live import require

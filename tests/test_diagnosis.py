@@ -58,7 +58,8 @@ from probe.store.db import Store
 STARVED_LANE = LaneFacts(
     lane=0, status="completed", backend="torch", consumer="model:resnet50", batch_size=128,
     figures=LaneFigures(
-        batches=100, images_per_s=1500.0, data_wait_frac=0.40, step_ms_p50=30.0,
+        batches=100, images_per_s=1500.0, data_wait_frac=0.40, step_ms_p50=30.0, blocks=20,
+        data_wait_frac_error=0.02,
         sm_active_pct=25.0, sm_active_source="gpm", kernel_active_pct=35.0, nvjpg_pct=0.0,
         memory_used_mib=8000.0, cpu_pct=400.0, main_thread_cpu_pct=30.0,
     ),
@@ -129,10 +130,45 @@ def test_each_cause_has_its_rule(changes: dict[str, Any], kind: VerdictKind) -> 
     assert kind_of(**changes) is kind
 
 
+@pytest.mark.parametrize(
+    ("changes", "why"),
+    [
+        # a validation pass of 4 batches: 2 blocks, no error
+        ({"batches": 4, "blocks": 2, "data_wait_frac_error": None}, "needs 3 blocks"),
+        # an error three times the figure: fed cannot be told from starved
+        ({"batches": 12, "blocks": 4, "data_wait_frac": 0.151, "data_wait_frac_error": 0.461},
+         "as large as the figure"),
+        ({"batches": 40, "blocks": 10, "data_wait_frac": 0.03, "data_wait_frac_error": 0.035},
+         "as large as the figure"),
+    ],
+)  # fmt: skip
+def test_a_short_loader_is_not_judged(changes: dict[str, Any], why: str) -> None:
+    verdict = judge_lane(lane(**changes))
+    assert verdict.kind is VerdictKind.UNKNOWN and verdict.title == "too few batches to judge"
+    (evidence,) = verdict.evidence
+    assert evidence.text.startswith(f"{changes['batches']} batches measured on ")
+    assert why in evidence.text
+    diagnosis = judge_run("r", RunStatus.COMPLETED, [lane(**changes)])
+    assert diagnosis.verdict.kind is VerdictKind.UNKNOWN and not diagnosis.recommendations
+
+
+@pytest.mark.parametrize(
+    ("wait", "error", "kind"),
+    [
+        (0.005, 0.006, VerdictKind.FED),  # the error passes the figure, but fed at its top
+        (0.30, 0.25, VerdictKind.STARVED_CPU_HEADROOM),  # wide, but starved at its bottom
+    ],
+)
+def test_a_wide_error_that_still_tells_fed_from_starved_is_judged(
+    wait: float, error: float, kind: VerdictKind
+) -> None:
+    assert kind_of(data_wait_frac=wait, data_wait_frac_error=error, blocks=4) is kind
+
+
 def test_evidence_names_the_metrics_and_their_numbers() -> None:
     verdict = judge_lane(lane(main_thread_cpu_pct=99.0, pin_memory=False, output_dtype="float32"))
     by_metric = {item.metric: item for item in verdict.evidence}
-    assert by_metric["data_wait_frac"].text == "data-wait 40.0% of wall time (>= 20%: high)"
+    assert by_metric["data_wait_frac"].text == "data-wait 40.0% ± 2.0% of wall time (>= 20%: high)"
     assert by_metric["sm_active_pct"].text == "SM activity 25% (GPM)"
     assert by_metric["kernel_active_pct"].text == (
         "kernel-active 35% (NVML utilization.gpu, overstates)"
@@ -499,7 +535,7 @@ def test_an_interrupted_run_is_diagnosed_partial(tmp_path: Path, photos: Path) -
         def stop_when_measuring(run_id: str) -> None:
             def wait_then_stop() -> None:
                 with Store(tmp_path / "s.db") as reader:
-                    while len(reader.batches(run_id)) < 6:
+                    while len(reader.batches(run_id)) < 16:  # enough to judge
                         time.sleep(0.2)
                 stop.set()
 

@@ -34,7 +34,8 @@ IMAGENET_START = EpochStartCost(
 IMAGENET = LaneFacts(
     lane=0, status="completed", backend="torch", consumer="model:resnet50", batch_size=BATCH,
     figures=LaneFigures(batches=200, images=200 * BATCH, images_per_s=1420.0,
-                        data_wait_frac=0.3, epoch_start=IMAGENET_START),
+                        data_wait_frac=0.3, data_wait_frac_error=0.02, blocks=20,
+                        epoch_start=IMAGENET_START),
     hostname="node0", host_cpus=32, lanes_on_host=1, on_gpu=True, num_workers=8,
     pin_memory=True, output_dtype="uint8", persistent_workers=False,
 )  # fmt: skip

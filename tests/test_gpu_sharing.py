@@ -20,6 +20,7 @@ DALI_LANE = LaneFacts(
     lane=0, status="completed", backend="dali", consumer="model:resnet50", batch_size=128,
     figures=LaneFigures(
         batches=400, images_per_s=3100.0, images_per_s_error=40.0, data_wait_frac=0.01,
+        data_wait_frac_error=0.005, blocks=20,
         step_ms_p50=41.2, step_ms_p50_error=0.5, sm_active_pct=92.0, sm_active_source="gpm",
         kernel_active_pct=99.0, nvjpg_pct=35.0, cpu_pct=780.0, consumer_alone=ALONE,
     ),

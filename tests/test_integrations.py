@@ -301,7 +301,21 @@ def test_probe_watch_runs_an_imagenet_shaped_script_unchanged(
     assert len(val) == 2 * 2
     for run in runs.values():
         assert first_lane(db, run.run_id)["status"] == RunStatus.COMPLETED.value
-        assert f"run {run.run_id}" in result.stderr
+    # the answer when the script ends: the training loader (the most batches) first
+    train_id, val_id = runs["main.py"].run_id, runs["main.py (loader 2)"].run_id
+    told = [line for line in result.stderr.splitlines() if line.startswith("feedscope: ")]
+    assert told[0].startswith("feedscope: main.py, the training loader, 7 batches measured: ")
+    assert told[-3] == "feedscope:   probe show " + train_id
+    assert told[-2] == (
+        "feedscope: main.py (loader 2), 0 batches measured: too few batches to judge: lane 0 "
+        "measured no batch (completed; its 4 were warm-up)"
+    )
+    assert told[-1] == "feedscope:   probe show " + val_id
+    shown = probe_cli("show", "last", "--db", db)
+    assert shown.returncode == 0, shown.stderr
+    assert f"run {train_id} (completed)" in shown.stdout + shown.stderr
+    other = f"the script's other loader: main.py (loader 2), run {val_id} (`probe show {val_id}`)"
+    assert other in shown.stderr
 
 
 def test_probe_watch_watches_a_dali_iterator(tmp_path: Path, imagenet_folder: Path) -> None:
@@ -373,6 +387,42 @@ def test_a_loader_the_script_watches_itself_is_one_run(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     with Store(db) as store:
         assert sorted(run.label or "" for run in store.runs()) == ["mine", "mine"]
+
+
+@pytest.mark.parametrize("answer", [True, False])
+def test_watch_tells_the_answer_when_the_process_exits(tmp_path: Path, answer: bool) -> None:
+    db = tmp_path / "store.db"
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(f"""\
+        import time, torch
+        from torch.utils.data import DataLoader
+        from probe import watch
+        val = DataLoader(torch.zeros(8, 3), batch_size=4)
+        train = DataLoader(torch.zeros(160, 3), batch_size=4)
+        for batch in watch(val, name="val", db={str(db)!r}, answer={answer}):
+            pass
+        for batch in watch(train, name="train", db={str(db)!r}, answer={answer}):
+            time.sleep(0.002)
+        print("the script's own last line")
+        """))  # fmt: skip
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                            timeout=300, check=False)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "the script's own last line\n"
+    told = [line for line in result.stderr.splitlines() if line.startswith("feedscope: ")]
+    if not answer:
+        assert told == []
+        return
+    with Store(db) as store:
+        runs = {run.label: run.run_id for run in store.runs()}
+    # the training loader (the most batches) first, though it was iterated second
+    assert told[0].startswith("feedscope: train, the training loader, 35 batches measured: ")
+    assert told[-3] == "feedscope:   probe show " + runs["train"]
+    assert told[-2] == (
+        "feedscope: val, 0 batches measured: too few batches to judge: lane 0 measured no "
+        "batch (completed; its 2 were warm-up)"
+    )
+    assert told[-1] == "feedscope:   probe show " + runs["val"]
 
 
 def test_probe_watch_under_torchrun_makes_one_run_of_two_lanes(

@@ -606,8 +606,9 @@ def is_session_id(subject: str) -> bool:
 def resolve_subject(store: Store, wanted: str) -> str:
     """What a user names, as a run id or a session id: `last` is the newest run or session a
     user started (a session's own runs, its points and verification, belong to it; the runs
-    of a session still measuring count as runs until it ends); a session id stays as given;
-    anything else is a run (its id or a unique start of it).
+    of a session still measuring count as runs until it ends; of a watched script's loaders,
+    the one with the most batches); a session id stays as given; anything else is a run (its
+    id or a unique start of it).
 
     Raises:
         InputError: the store holds nothing, or no run (or several) matches.
@@ -624,7 +625,10 @@ def resolve_subject(store: Store, wanted: str) -> str:
     ]
     if not newest:
         raise InputError(f"the store {store.path} holds no runs yet")
-    return max(newest)[1]
+    subject = max(newest)[1]
+    if runs and subject == runs[0].run_id:
+        return store.loaders(runs[0])[0].run_id
+    return subject
 
 
 def focus_run(store: Store, subject: str) -> str:

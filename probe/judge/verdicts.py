@@ -45,6 +45,7 @@ from probe.judge.thresholds import (
 )
 from probe.metrics import CPU, DATA_WAIT, IMAGES_PER_S, NVJPG
 from probe.records import RunStatus
+from probe.steady import MIN_JUDGED_BLOCKS
 
 
 class VerdictKind(str, Enum):
@@ -117,7 +118,7 @@ TITLES = {
     VerdictKind.SHM_TOO_SMALL: "/dev/shm is smaller than the workers' batches in flight",
     VerdictKind.WORKER_KILLED: "a worker was killed by a signal (the OOM killer, most likely)",
     VerdictKind.PIPELINE_ONLY: "the pipeline alone: its capacity (no consumer to starve)",
-    VerdictKind.UNKNOWN: "not enough measured to judge",
+    VerdictKind.UNKNOWN: "too few batches to judge",
 }
 
 
@@ -168,9 +169,8 @@ def judge_lane(facts: LaneFacts) -> Verdict:
     ) -> Verdict:
         return Verdict(kind, severity, wait, tuple(evidence), facts.lane, partial, reliable)
 
-    if facts.figures.batches == 0:
-        note = Evidence("batches", 0.0, f"lane {facts.lane} measured no batch ({facts.status})")
-        return Verdict(VerdictKind.UNKNOWN, Severity.NONE, None, (note,), facts.lane, True)
+    if not facts.figures.batches or (facts.consumer != "none" and not decided(facts)):
+        return verdict(VerdictKind.UNKNOWN, Severity.NONE, [_too_few(facts)])
     gpu = gpu_evidence(facts)
     load = host_load_evidence(facts)
     alone = consumer_evidence(facts)
@@ -192,6 +192,39 @@ def judge_lane(facts: LaneFacts) -> Verdict:
         return verdict(VerdictKind.EPOCH_START_STALL, severity, evidence)
     kind, why = _cause(facts)
     return verdict(kind, severity, [wait_evidence(facts), *stages, *gpu, *why, *alone])
+
+
+def decided(facts: LaneFacts) -> bool:
+    """Whether a lane's data-wait can tell fed from starved: an error known (on
+    MIN_JUDGED_BLOCKS blocks or more), and not as large as the figure where the figure's upper
+    end is starved. A short loader (a validation pass of a few batches) cannot."""
+    figures = facts.figures
+    wait, error = figures.data_wait_frac, figures.data_wait_frac_error
+    if wait is None or error is None or figures.blocks < MIN_JUDGED_BLOCKS:
+        return False
+    return error < wait or severity_of(wait + error) is Severity.NONE
+
+
+def _too_few(facts: LaneFacts) -> Evidence:
+    figures = facts.figures
+    if not figures.batches:
+        warm = figures.warmup_batches
+        text = (
+            f"lane {facts.lane} measured no batch ({facts.status}"
+            f"{f'; its {warm} were warm-up' if warm else ''})"
+        )
+        return Evidence("batches", 0.0, text)
+    wait = DATA_WAIT.text(figures.data_wait_frac, figures.data_wait_frac_error)
+    if figures.data_wait_frac_error is None or figures.blocks < MIN_JUDGED_BLOCKS:
+        why = f"its error needs {MIN_JUDGED_BLOCKS} blocks of batches"
+    else:
+        why = "an error as large as the figure: fed cannot be told from starved"
+    batches = "batch" if figures.batches == 1 else "batches"
+    text = (
+        f"{figures.batches} {batches} measured on {figures.blocks} "
+        f"blocks, {DATA_WAIT.label} {wait} ({why}); measure longer"
+    )
+    return Evidence("batches", float(figures.batches), text)
 
 
 _Cause = tuple[VerdictKind, list[Evidence]] | None

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines import BackendUnavailable, InputError
-from probe.measure.watch import Outlets, Watched, iterated_by_watch
+from probe.measure.watch import Answer, Outlets, Watched, iterated_by_watch
 from probe.records import RunStatus
 
 
@@ -94,6 +94,7 @@ def run_script(script: Script, watching: Watching) -> int:
     ended: completed where the script exited 0, else interrupted (the exit code or the error
     said in its reason). An error of the script is printed as Python prints it."""
     code, reason = 0, None
+    Answer.elsewhere = True  # `probe watch` tells the answer when the script ends
     saved_argv, saved_path = sys.argv, list(sys.path)
     saved_db = os.environ.get("FEEDSCOPE_DB")
     if watching.options.get("db") is not None:  # the script's own watch() calls write there too

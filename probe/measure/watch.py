@@ -36,7 +36,7 @@ import time
 import warnings
 import weakref
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -72,6 +72,7 @@ def watch(
     metrics_port: int | None = None,
     tensorboard: str | Path | Any | None = None,
     tensorboard_every: int = 100,
+    answer: bool = True,
 ) -> Watched[T]:
     """Yields what `iterable` yields, recording how long each item took to get and to use.
 
@@ -90,12 +91,14 @@ def watch(
             torchrun, each rank on `metrics_port + LOCAL_RANK`); needs the `prometheus` extra.
         tensorboard: a folder, or your SummaryWriter, to write the figures to as scalars every
             `tensorboard_every` measured batches; needs the `tensorboard` extra.
+        answer: when the process exits, print on stderr the answer for each loader it watched
+            (its verdict and first change), the training loader (the most batches) first.
 
     Raises:
         InputError: an extra these options need is not installed, or an option is out of range.
     """
     outlets = Outlets.checked(metrics_port, tensorboard, tensorboard_every)
-    return Watched(iterable, name, db, sample_hz, warmup, outlets)
+    return Watched(iterable, name, db, sample_hz, warmup, outlets, answer)
 
 
 @dataclass(frozen=True)
@@ -129,9 +132,10 @@ class Watched(Generic[T]):
 
     def __init__(
         self, iterable: Iterable[T], name: str | None, db: Path | str | None, sample_hz: float,
-        warmup: int | str, outlets: Outlets | None = None,
+        warmup: int | str, outlets: Outlets | None = None, answer: bool = False,
     ) -> None:  # fmt: skip
         self.iterable, self.name, self.db = iterable, name, db
+        self.answer = answer  # told when the process exits (`Answer`)
         self.sample_hz, self.warmup = sample_hz, warmup
         self.outlets = outlets or Outlets()
         self._recording: _Recording | None = None
@@ -293,6 +297,44 @@ def batch_size(batch: Any) -> int:
     return 1
 
 
+class Answer:
+    """The answer a watching process tells when it exits: each loader's verdict and first
+    change. The judge is above this layer: `probe` (the package) gives the way to tell it
+    (`teller`, which loads it); `probe watch` tells its own when the script ends
+    (`elsewhere`)."""
+
+    teller: Callable[[], Callable[[Path, str], list[str]]] | None = None
+    tell: Callable[[Path, str], list[str]] | None = None  # (store, a run) -> the lines
+    elsewhere = False
+    first: tuple[Path, str] | None = None  # the process's first watched run: store, run id
+
+    @classmethod
+    def started(cls, store_path: Path, run_id: str, at_exit: bool) -> None:
+        """Notes a watched run's start; `at_exit`: tells the answer when the process exits,
+        after its runs have ended (atexit runs the last registered first, and every run's own
+        end is registered after this)."""
+        if cls.first is None:
+            cls.first = (store_path, run_id)
+        if at_exit and cls.tell is None and cls.teller is not None:
+            try:
+                cls.tell = cls.teller()  # loaded now: an exiting process cannot load it
+            except Exception as error:  # never break training
+                _warn_once(f"no answer at exit: {error}")
+                return
+            atexit.register(cls._told)
+
+    @classmethod
+    def _told(cls) -> None:
+        if cls.elsewhere or cls.tell is None or cls.first is None:
+            return
+        try:
+            lines = cls.tell(*cls.first)
+        except Exception as error:  # the process is ending: one line, never a traceback
+            lines = [f"no answer: {error}"]
+        for line in lines:
+            print(f"feedscope: {line}", file=sys.stderr)
+
+
 class _Recording:
     """One watched iteration: the run in the store, the samplers, a thread writing both."""
 
@@ -390,6 +432,7 @@ class _Recording:
             recording.recorder.set_lane_pid(lane, os.getpid())
             recording.recorder.start()
         recording._thread.start()
+        Answer.started(path, run_id, watched.answer and lane == 0)  # one rank tells it
         atexit.register(recording.finish_quietly, watched._active)
         return recording
 

@@ -5,6 +5,7 @@ failed, EXIT_INTERRUPTED where it was stopped (what it recorded is kept).
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 import time
 from collections.abc import Sequence
@@ -25,7 +26,7 @@ from pipelines import (
 )
 from pipelines.loader import cuda_device_count
 from probe.measure.bench import BenchResult
-from probe.present import console, terminal
+from probe.present import console, tables, terminal
 from probe.present.jsontext import json_text
 from probe.present.options import (
     DOCTOR_CONSUMER,
@@ -36,6 +37,7 @@ from probe.present.options import (
     probe_config,
 )
 from probe.records import RunStatus
+from probe.store.connection import StoreBusy, StoreFailed
 from probe.store.db import Store
 
 if TYPE_CHECKING:
@@ -439,23 +441,39 @@ def watch_script(command: Sequence[str], db: Path | None, name: str | None, warm
     """`probe watch -- SCRIPT ARGS`: runs the script with its loaders watched; its exit code.
     Bad options or a missing script are refused before it starts."""
     from probe.measure.autowatch import Script, Watching, run_script
-    from probe.measure.watch import Outlets
+    from probe.measure.distributed import torchrun_rank
+    from probe.measure.watch import Answer, Outlets
 
     if warmup != "auto" and not warmup.isdigit():
         raise InputError(f"--warmup {warmup}: a number of batches, or auto")
     script = Script.of(command)
     outlets = Outlets.checked(metrics_port, tensorboard, tensorboard_every)
+    rank = torchrun_rank()
     if metrics_port is not None:
-        from probe.measure.distributed import torchrun_rank
-
-        rank = torchrun_rank()
         _check_port(metrics_port + (rank.local_rank if rank is not None else 0))
     options = {"name": name, "db": db, "sample_hz": sample_hz,
                "warmup": warmup if warmup == "auto" else int(warmup)}  # fmt: skip
     watching = Watching(script, options, outlets)
     code = run_script(script, watching)
-    for watched in watching.watched:
-        if watched.run_id is not None:
-            console.err.print(f"feedscope: {watched.name}: run {watched.run_id} "
-                              f"(probe show {watched.run_id})")  # fmt: skip
+    if Answer.first is not None and (rank is None or rank.rank == 0):  # one rank tells it
+        try:
+            lines = loader_answers(*Answer.first)
+        except (InputError, StoreBusy, StoreFailed, sqlite3.Error) as error:
+            lines = [f"no answer: the store could not be read: {error}"]
+        console.print_lines([f"feedscope: {line}" for line in lines])
     return code
+
+
+def loader_answers(db: Path | None, run_id: str) -> list[str]:
+    """The answer for each loader the process that watched `run_id` recorded, the training
+    loader first (`tables.loader_lines`)."""
+    from probe.judge.diagnosis import diagnose_run
+    from probe.store.documents import read_run
+
+    loaders = []
+    with Store(db) as store:
+        for run in store.loaders(store.run(run_id)):
+            diagnosis = diagnose_run(store, run.run_id)
+            loaders.append((read_run(store, run.run_id), diagnosis.verdict,
+                            diagnosis.recommendations))  # fmt: skip
+    return tables.loader_lines(loaders)

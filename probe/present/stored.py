@@ -70,6 +70,7 @@ def show(db: Path | None, run_id: str, as_json: bool, verbose: bool = False) -> 
             return 0
         document = read_run(store, subject)
         diagnosis = diagnose_run(store, document.run_id)
+        others = [r for r in store.loaders(store.run(subject)) if r.run_id != subject]
     if as_json:
         click.echo(json_text({**document.to_json(), "diagnosis": diagnosis.to_json()}))
         return 0
@@ -98,6 +99,9 @@ def show(db: Path | None, run_id: str, as_json: bool, verbose: bool = False) -> 
             f"the recommendations are doctor session {diagnosis.answered_by}'s, measured: this "
             f"run is one of its points (`probe show {diagnosis.answered_by}`)"
         )
+    for other in others:
+        console.say(f"the script's other loader: {other.label}, run {other.run_id} "
+                    f"(`probe show {other.run_id}`)")  # fmt: skip
     return 0
 
 

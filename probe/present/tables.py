@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from probe.judge.changes import Recommendation
 from probe.judge.results import DALI, TORCH, EpochsRun, Scaling, Session
 from probe.judge.thresholds import KNEE_WITHIN, Severity
-from probe.judge.verdicts import Verdict
+from probe.judge.verdicts import Verdict, VerdictKind
 from probe.metrics import (
     CPU,
     DATA_WAIT,
@@ -574,6 +574,27 @@ def diagnosis_lines(
 
 
 ASIDE = "measured or predicted below yours"  # what sets a change aside
+
+
+def loader_lines(
+    loaders: Sequence[tuple[RunDocument, Verdict, Sequence[Recommendation]]],
+) -> list[str]:
+    """What a watched script's loaders come to, given the training loader (the most batches)
+    first: each one's verdict (or why it is not judged) and its first change."""
+    lines = []
+    for index, (document, verdict, recommendations) in enumerate(loaders):
+        batches = sum(lane.figures.batches for lane in document.lanes)
+        role = ", the training loader" if index == 0 and len(loaders) > 1 else ""
+        told = headline(verdict)
+        if verdict.kind is VerdictKind.UNKNOWN:  # what was measured, and why it is not enough
+            told += f": {verdict.evidence[0].text}"
+        lines.append(f"{document.label or document.run_id}{role}, {batches} batches measured: "
+                     f"{told}")  # fmt: skip
+        if recommendations:
+            scope = job_scope(run_devices(document))
+            lines.append(f"  first change: {recommendation_text(recommendations[0], scope)}")
+        lines.append(f"  probe show {document.run_id}")
+    return lines
 
 
 def _recommendation_lines(

@@ -256,6 +256,27 @@ class Store:
         rows = self._db.execute("SELECT * FROM runs ORDER BY created DESC, run_id DESC")
         return [run_from_row(row) for row in rows]
 
+    def loaders(self, run: RunRecord) -> list[RunRecord]:
+        """The runs of the process that watched `run`: each loader a script iterates is a
+        watched run of its own, and a process is known by its first lane's host and pid (rank
+        0's under torchrun). The one with the most batches (the training loader) first; [run]
+        where it is not watched."""
+        first = self._db.execute(
+            "SELECT lane, hostname, pid FROM lanes WHERE run_id = ? ORDER BY lane LIMIT 1",
+            (run.run_id,),
+        ).fetchone()
+        if run.kind != "watch" or first is None or first["pid"] is None:
+            return [run]
+        rows = self._db.execute(
+            "SELECT r.*, (SELECT COALESCE(SUM(b.batches), 0) FROM batch_rollup b "
+            "WHERE b.run_id = r.run_id AND b.res_s = ?) AS counted FROM runs r "
+            "WHERE r.kind = 'watch' AND EXISTS (SELECT 1 FROM lanes l WHERE l.run_id = r.run_id "
+            "AND l.lane = ? AND l.hostname = ? AND l.pid = ?) "
+            "ORDER BY counted DESC, r.created, r.run_id",
+            (rollups.COARSEST_S, first["lane"], first["hostname"], first["pid"]),
+        )
+        return [run_from_row(row) for row in rows]
+
     def run(self, run_id: str) -> RunRecord:
         """A run by its id, a unique prefix of it, or `last`.
 
