@@ -161,8 +161,9 @@ def markdown_text(text: str) -> str:
 
 def verdict_box(verdict: Verdict) -> None:
     """A verdict's headline in its colour: red or amber for starvation by its severity; the
-    pipeline alone (no consumer) in blue, as capacity, never as an alarm; else green."""
-    if verdict.kind is VerdictKind.PIPELINE_ONLY:
+    pipeline alone (no consumer) in blue, as capacity, never as an alarm, and too few batches
+    to judge in blue, as no verdict; else green."""
+    if verdict.kind in (VerdictKind.PIPELINE_ONLY, VerdictKind.UNKNOWN):
         show = st.info
     else:
         show = {Severity.HIGH: st.error, Severity.MODERATE: st.warning}.get(

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from helpers import probe_cli
 from pipelines.sample_data import SampleParams, make_sample_dataset
 from probe.judge.changes import Recommendation, to_dali, workers
 from probe.judge.results import Session, SessionKind, Verification
@@ -263,7 +264,7 @@ def test_the_run_page_shows_lanes_on_one_time_axis_and_the_diagnosis(
         )
     # the diagnosis, with its evidence in measured numbers
     assert texts(at.subheader)[1] == "Diagnosis"
-    shown = texts(at.error) + texts(at.warning) + texts(at.success)
+    shown = texts(at.error) + texts(at.warning) + texts(at.success) + texts(at.info)
     assert any(text.startswith(two["diagnosis"]["verdict"]["title"]) for text in shown)
     evidence = texts(at.markdown)
     assert any(text.startswith("- data-wait") for text in evidence)
@@ -320,6 +321,30 @@ def test_a_run_of_a_doctor_session_shows_the_sessions_measured_recommendations(
             assert f"{rank}. **{text}**" in shown
 
 
+def test_a_run_too_short_to_judge_is_told_in_blue_not_green(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from probe import watch
+
+    db = tmp_path / "store.db"
+    loader = DataLoader(TensorDataset(torch.zeros(12, 3)), batch_size=4)
+    for _ in watch(loader, name="val", db=db, answer=False):
+        pass
+    with Store(db) as store:
+        (run,) = store.runs()
+    at = app(monkeypatch, db, "run", run=run.run_id)
+    no_errors(at)
+    told = "too few batches to judge"  # its 3 batches were warm-up
+    assert [text for text in texts(at.info) if text.startswith(told)]
+    assert not [text for text in texts(at.success) if text.startswith(told)]
+    html = probe_cli("report", run.run_id, "--db", db, "--format", "html")
+    assert html.returncode == 0, html.stderr
+    assert f"<div class='verdict unjudged'>{told}" in html.stdout
+
+
 def test_the_session_page_gives_the_doctors_answer_and_its_curve(
     monkeypatch: pytest.MonkeyPatch, filled: dict[str, Any]
 ) -> None:
@@ -328,7 +353,8 @@ def test_the_session_page_gives_the_doctors_answer_and_its_curve(
     no_errors(at)
     assert at.selectbox(key="session-pick").value == doctor["session_id"]
     verdict = Verdict.from_json(doctor["verdict"])
-    assert headline(verdict) in texts(at.error) + texts(at.warning) + texts(at.success)
+    boxes = texts(at.error) + texts(at.warning) + texts(at.success) + texts(at.info)
+    assert headline(verdict) in boxes
     shown = "\n".join(texts(at.markdown))
     top = Recommendation.from_json(doctor["recommendations"][0])
     assert f"1. **{recommendation_text(top)}**" in shown

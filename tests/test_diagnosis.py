@@ -152,6 +152,13 @@ def test_a_short_loader_is_not_judged(changes: dict[str, Any], why: str) -> None
     assert diagnosis.verdict.kind is VerdictKind.UNKNOWN and not diagnosis.recommendations
 
 
+def test_a_loader_in_the_training_process_is_told_from_0_workers() -> None:
+    diagnosis = judge_run("r", RunStatus.COMPLETED, [lane(num_workers=0)])
+    assert diagnosis.verdict.kind is VerdictKind.STARVED_CPU_HEADROOM
+    first = diagnosis.recommendations[0]
+    assert first.action.startswith("raise num_workers from 0 to "), first.action
+
+
 @pytest.mark.parametrize(
     ("wait", "error", "kind"),
     [

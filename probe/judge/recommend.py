@@ -151,8 +151,9 @@ def _measure_again(
 
 
 def _estimated_workers(lane: LaneFacts, lanes: int) -> Recommendation:
-    """More workers, from this run alone: its images/s per worker times workers, enough for
-    the consumer and at most the cores per lane. Throughput flattens, and may fall, before the
+    """More workers, from this run alone: its images/s per worker times workers (a loader at
+    num_workers=0, which loads in the training process, counted as one), enough for the
+    consumer and at most the cores per lane. Throughput flattens, and may fall, before the
     cores run out: said, with what measures it."""
     workers_now = max(lane.num_workers or 1, 1)
     rate, start = lane.figures.images_per_s, lane.figures.epoch_start
@@ -166,7 +167,7 @@ def _estimated_workers(lane: LaneFacts, lanes: int) -> Recommendation:
     if lane.consumer_images_per_s is not None:
         predicted = min(predicted, lane.consumer_images_per_s)
     advice = Recommendation(
-        f"raise num_workers from {workers_now} to {target}",
+        f"raise num_workers from {lane.num_workers or 0} to {target}",
         workers(target),
         predicted * lanes,
         f"estimated, not measured: {per_worker:,.0f} images/s per worker times workers, bounded "

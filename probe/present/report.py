@@ -33,7 +33,7 @@ from probe.judge.results import (
     read_session,
     resolve_subject,
 )
-from probe.judge.verdicts import Verdict
+from probe.judge.verdicts import Verdict, VerdictKind
 from probe.metrics import IMAGES_PER_S, MEMORY, STAGE_TIME, STAGES
 from probe.present import charts
 from probe.present.jsontext import json_text
@@ -361,7 +361,7 @@ _CSS = (
     "text-align:left}td.n{text-align:right}.note{color:#666;font-size:.9em}"
     ".verdict{padding:.8em 1em;border-radius:6px;font-size:1.15em;font-weight:600}"
     ".high{background:#fdecea;color:#8a1c12}.moderate{background:#fff4e0;color:#7a4b00}"
-    ".none{background:#eaf6ec;color:#1e5b2a}pre{background:#f6f6f6;padding:.8em;overflow-x:auto;"
+    ".none{background:#eaf6ec;color:#1e5b2a}.unjudged{background:#e8f0fb;color:#1c4a80}pre{background:#f6f6f6;padding:.8em;overflow-x:auto;"
     "white-space:pre-wrap}code{background:#f3f3f3;padding:0 .2em;border-radius:3px}"
     ".id{white-space:nowrap}"
 )
@@ -370,10 +370,8 @@ _CSS = (
 def _verdict_html(report: Report) -> str:
     verdict = report.verdict
     evidence = "".join(f"<li>{_prose(item.text)}</li>" for item in verdict.evidence)
-    return (
-        f"<div class='verdict {_h(verdict.severity.value)}'>{_prose(headline(verdict))}</div>"
-        f"<ul>{evidence}</ul>"
-    )
+    tone = "unjudged" if verdict.kind is VerdictKind.UNKNOWN else verdict.severity.value
+    return f"<div class='verdict {_h(tone)}'>{_prose(headline(verdict))}</div><ul>{evidence}</ul>"
 
 
 def _recommendations_html(report: Report) -> str:
