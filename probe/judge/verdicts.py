@@ -45,7 +45,7 @@ from probe.judge.thresholds import (
 )
 from probe.metrics import CPU, DATA_WAIT, IMAGES_PER_S, NVJPG
 from probe.records import RunStatus
-from probe.steady import MIN_JUDGED_BLOCKS
+from probe.steady import MIN_JUDGED_BLOCKS, Estimate
 
 
 class VerdictKind(str, Enum):
@@ -194,15 +194,22 @@ def judge_lane(facts: LaneFacts) -> Verdict:
     return verdict(kind, severity, [wait_evidence(facts), *stages, *gpu, *why, *alone])
 
 
-def decided(facts: LaneFacts) -> bool:
-    """Whether a lane's data-wait can tell fed from starved: an error known (on
-    MIN_JUDGED_BLOCKS blocks or more), and not as large as the figure where the figure's upper
-    end is starved. A short loader (a validation pass of a few batches) cannot."""
+def _wait(facts: LaneFacts) -> Estimate | None:
+    """A lane's data-wait as an estimate (None: not measured)."""
     figures = facts.figures
-    wait, error = figures.data_wait_frac, figures.data_wait_frac_error
-    if wait is None or error is None or figures.blocks < MIN_JUDGED_BLOCKS:
+    if figures.data_wait_frac is None:
+        return None
+    return Estimate(figures.data_wait_frac, figures.data_wait_frac_error, figures.blocks)
+
+
+def decided(facts: LaneFacts) -> bool:
+    """Whether a lane's data-wait can tell fed from starved: judged (`Estimate.judged`), and
+    an error not as large as the figure where the figure's upper end is starved. A short
+    loader (a validation pass of a few batches) cannot."""
+    wait = _wait(facts)
+    if wait is None or wait.error is None or not wait.judged:
         return False
-    return error < wait or severity_of(wait + error) is Severity.NONE
+    return wait.error < wait.value or severity_of(wait.value + wait.error) is Severity.NONE
 
 
 def _too_few(facts: LaneFacts) -> Evidence:
@@ -214,15 +221,16 @@ def _too_few(facts: LaneFacts) -> Evidence:
             f"{f'; its {warm} were warm-up' if warm else ''})"
         )
         return Evidence("batches", 0.0, text)
-    wait = DATA_WAIT.text(figures.data_wait_frac, figures.data_wait_frac_error)
-    if figures.data_wait_frac_error is None or figures.blocks < MIN_JUDGED_BLOCKS:
+    wait = _wait(facts)
+    shown = DATA_WAIT.text(figures.data_wait_frac, figures.data_wait_frac_error)
+    if wait is None or not wait.judged:
         why = f"its error needs {MIN_JUDGED_BLOCKS} blocks of batches"
     else:
         why = "an error as large as the figure: fed cannot be told from starved"
     batches = "batch" if figures.batches == 1 else "batches"
     text = (
         f"{figures.batches} {batches} measured on {figures.blocks} "
-        f"blocks, {DATA_WAIT.label} {wait} ({why}); measure longer"
+        f"blocks, {DATA_WAIT.label} {shown} ({why}); measure longer"
     )
     return Evidence("batches", float(figures.batches), text)
 
