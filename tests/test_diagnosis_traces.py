@@ -20,12 +20,13 @@ import pytest
 
 from h200_traces import TRACES, convert, convert_run, names
 from probe.judge.changes import Knob
+from probe.judge.dali_run import DaliRun
 from probe.judge.diagnosis import diagnose_run
 from probe.judge.doctor import dali_trade
 from probe.judge.facts import LaneFacts, run_facts
 from probe.judge.knee import SweepAnalysis, SweepPoint, analyze_sweep
 from probe.judge.recommend import recommend, recommend_measured
-from probe.judge.results import DaliRun, Session, SessionKind
+from probe.judge.results import Session, SessionKind
 from probe.judge.thresholds import KNEE_WITHIN, Severity
 from probe.judge.verdicts import Verdict, VerdictKind, judge_lane
 from probe.records import RunStatus, SessionRecord

@@ -8,11 +8,12 @@ from dataclasses import replace
 import pytest
 
 from probe.judge.changes import NO_CHANGE, Recommendation, to_dali, workers
+from probe.judge.dali_run import DaliRun
 from probe.judge.diagnosis import judge_run
 from probe.judge.facts import HostLoad, LaneFacts
 from probe.judge.model import Curve
 from probe.judge.recommend import set_aside
-from probe.judge.results import DALI, TORCH, DaliRun, Session, SessionKind
+from probe.judge.results import DALI, TORCH, Session, SessionKind
 from probe.judge.scaling import checked_counts, dali_at, predict, torch_at
 from probe.judge.thresholds import Severity
 from probe.judge.verdicts import Verdict, VerdictKind

@@ -30,6 +30,29 @@ class DaliPipeline:
 
     decoder: str  # "mixed" or "cpu"
     num_threads: int
+    # the share of JPEGs `mixed` sends to the hardware decoder (None: cpu, or DALI's default)
+    hw_decoder_load: float | None = None
+
+    @property
+    def setting(self) -> str:
+        """ "DALI decoder=mixed num_threads=4 hw_decoder_load=0.9", as a change writes it."""
+        text = f"DALI decoder={self.decoder} num_threads={self.num_threads}"
+        return (
+            text
+            if self.hw_decoder_load is None
+            else f"{text} hw_decoder_load={self.hw_decoder_load:g}"
+        )
+
+    @property
+    def code(self) -> str:
+        """The change as code: `pipelines.DaliOptions`, and the calls of a DALI pipeline of
+        one's own."""
+        load = "" if self.hw_decoder_load is None else f", hw_decoder_load={self.hw_decoder_load:g}"
+        return (
+            f"DaliOptions(num_threads={self.num_threads}, decoder=Decoder.{self.decoder.upper()}"
+            f"{load}); in a pipeline of your own: @pipeline_def(num_threads={self.num_threads}, "
+            f'...) and fn.decoders.image(..., device="{self.decoder}"{load})'
+        )
 
 
 Value = int | float | bool | str | DaliPipeline | None
@@ -61,7 +84,7 @@ class Change:
             return str(self.value)
         if self.knob is Knob.PIPELINE:
             assert isinstance(self.value, DaliPipeline)
-            return f"DALI decoder={self.value.decoder} num_threads={self.value.num_threads}"
+            return self.value.setting
         return _TEXT[self.knob].format(self.value)
 
     def to_json(self) -> dict[str, Any]:
@@ -76,7 +99,10 @@ class Change:
         is a change of no knob, as "no change" is."""
         words = dict(part.split("=", 1) for part in setting.split()[1:] if "=" in part)
         if setting.startswith("DALI decoder=") and "num_threads" in words:
-            return to_dali(words["decoder"], int(words["num_threads"]))
+            load = words.get("hw_decoder_load")
+            return to_dali(
+                words["decoder"], int(words["num_threads"]), None if load is None else float(load)
+            )
         for knob, text in _TEXT.items():
             head, _, tail = text.partition("{}")
             if setting.startswith(head) and setting.endswith(tail) and len(setting) > len(head):
@@ -102,8 +128,10 @@ def workers(count: int) -> Change:
     return Change(Knob.NUM_WORKERS, count)
 
 
-def to_dali(decoder: str, num_threads: int) -> Change:
-    return Change(Knob.PIPELINE, DaliPipeline(decoder, num_threads))
+def to_dali(decoder: str, num_threads: int, hw_decoder_load: float | None = None) -> Change:
+    """A move to DALI; `hw_decoder_load` is kept for the `mixed` decoder alone."""
+    load = hw_decoder_load if decoder == "mixed" else None
+    return Change(Knob.PIPELINE, DaliPipeline(decoder, num_threads, load))
 
 
 def _value(text: str) -> Value:

@@ -324,7 +324,7 @@ def step_slowdown(facts: LaneFacts) -> float | None:
     with CPU to spare: that slowdown is `gpu_sharing`'s."""
     if not step_works_on_cpu(facts) or gpu_sharing(facts) is not None:
         return None
-    return _slower_step(facts)
+    return slower_step(facts)
 
 
 def gpu_sharing(facts: LaneFacts) -> float | None:
@@ -342,10 +342,10 @@ def gpu_sharing(facts: LaneFacts) -> float | None:
     # No `step_works_on_cpu` here: on a GPU, `sleep:MS` is `_GpuBusy`, matrix products that
     # fill the SMs for MS (probe/measure/consumers.py), so DALI's kernels delay it as they do a
     # model's; only on the CPU is it a sleep, and there nothing decodes on a GPU.
-    return _slower_step(facts)
+    return slower_step(facts)
 
 
-def _slower_step(facts: LaneFacts) -> float | None:
+def slower_step(facts: LaneFacts) -> float | None:
     """How much slower the median step was than the consumer alone's, where that is more than
     both medians' errors and STEP_SLOWED; else None."""
     alone = facts.figures.consumer_alone or {}

@@ -19,11 +19,11 @@ from probe.judge.changes import (
     to_dali,
     workers,
 )
+from probe.judge.dali_run import CoresFreed, DaliRun
 from probe.judge.epochs import epoch_fixes, read_by_epoch
 from probe.judge.facts import LaneFacts
 from probe.judge.knee import SweepAnalysis, SweepPoint
 from probe.judge.model import Curve, curve_of
-from probe.judge.results import CoresFreed, DaliRun
 from probe.judge.thresholds import (
     DALI_FREES_WORTH_IT,
     DALI_WORTH_IT,

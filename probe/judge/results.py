@@ -16,7 +16,8 @@ from enum import Enum
 from typing import Any
 
 from pipelines import InputError
-from probe.judge.changes import Change, Recommendation, to_dali, workers
+from probe.judge.changes import Change, Recommendation, workers
+from probe.judge.dali_run import DaliRun
 from probe.judge.knee import SweepAnalysis, SweepPoint
 from probe.judge.model import Curve
 from probe.judge.verdicts import Verdict
@@ -42,108 +43,6 @@ class Skipped:
 
     setting: int
     reason: str
-
-
-@dataclass(frozen=True)
-class CoresFreed:
-    """What moving to DALI does to the CPU: the cores the DataLoader's `setting` used, DALI's,
-    and the cores the run may use."""
-
-    setting: str  # the DataLoader setting compared: "num_workers=16"
-    dataloader_cores: float
-    dali_cores: float
-    available_cores: float
-
-    @property
-    def freed(self) -> float:
-        return self.dataloader_cores - self.dali_cores
-
-    @property
-    def share(self) -> float:
-        """The cores freed, as a share of those the run may use."""
-        return self.freed / self.available_cores if self.available_cores > 0 else 0.0
-
-    @property
-    def text(self) -> str:
-        """ "frees 11.2 of 16 cores (the DataLoader at num_workers=16 used 15.2, DALI 4.0)"."""
-        verb = (
-            f"frees {self.freed:.1f} of {self.available_cores:g} cores"
-            if self.freed >= 0
-            else f"uses {-self.freed:.1f} more cores"
-        )
-        return (
-            f"{verb} (the DataLoader at {self.setting} used {self.dataloader_cores:.1f}, DALI "
-            f"{self.dali_cores:.1f})"
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "freed": self.freed, "share": self.share}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> CoresFreed:
-        return cls(
-            data["setting"], data["dataloader_cores"], data["dali_cores"], data["available_cores"]
-        )
-
-
-@dataclass(frozen=True)
-class DaliRun:
-    """The doctor's DALI run: its images/s, or why there is none; where DALI does not help,
-    the advice that says so."""
-
-    decoder: str  # "mixed" or "cpu"
-    num_threads: int
-    images_per_s: float | None = None
-    images_per_s_error: float | None = None
-    run_id: str | None = None
-    data_wait_frac: float | None = None
-    host_busy: bool = False
-    reason: str | None = None  # why it has no images/s, or is not judged
-    advice: str | None = None
-    cpu_pct: float | None = None  # its lanes' CPU, in % of one core
-    freed: CoresFreed | None = None  # against the DataLoader setting it was compared with
-
-    @property
-    def change(self) -> Change:
-        """The migration to the pipeline it ran."""
-        return to_dali(self.decoder, self.num_threads)
-
-    @property
-    def judged(self) -> bool:
-        """Whether it measured images/s well enough to compare."""
-        return bool(self.images_per_s) and self.reason is None
-
-    def to_json(self) -> dict[str, Any]:
-        out = {
-            "images_per_s": self.images_per_s,
-            "images_per_s_error": self.images_per_s_error,
-            "setting": self.change.setting,
-            "run_id": self.run_id,
-            "data_wait_frac": self.data_wait_frac,
-            "host_busy": self.host_busy,
-            "reason": self.reason,
-            "cpu_pct": self.cpu_pct,
-            "freed": None if self.freed is None else self.freed.to_json(),
-        }
-        return out if self.advice is None else {**out, "advice": self.advice}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> DaliRun:
-        # its setting is "DALI decoder=D num_threads=N"
-        words = dict(part.split("=", 1) for part in str(data["setting"]).split()[1:])
-        return cls(
-            decoder=words["decoder"],
-            num_threads=int(words["num_threads"]),
-            images_per_s=data["images_per_s"],
-            images_per_s_error=data.get("images_per_s_error"),
-            run_id=data.get("run_id"),
-            data_wait_frac=data.get("data_wait_frac"),
-            host_busy=bool(data.get("host_busy", False)),
-            reason=data.get("reason"),
-            advice=data.get("advice"),
-            cpu_pct=data.get("cpu_pct"),
-            freed=None if data.get("freed") is None else CoresFreed.from_json(data["freed"]),
-        )
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,9 @@ import math
 from dataclasses import replace
 
 from probe.judge.changes import workers
+from probe.judge.dali_run import DaliRun
 from probe.judge.model import Curve
-from probe.judge.results import DALI, TORCH, DaliRun, ScalePoint, Scaling
+from probe.judge.results import DALI, TORCH, ScalePoint, Scaling
 from probe.judge.thresholds import KNEE_WITHIN
 
 # DALI whose lanes made this share of what their cores (at most their threads) can at its CPU

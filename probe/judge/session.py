@@ -138,13 +138,18 @@ class Budget:
             self.batch_s.append(measured_s / batches)
 
 
-def with_setting(config: ProbeConfig, knob: str, value: int) -> ProbeConfig:
-    """The same probe with `num_workers` (DataLoader) or `num_threads` (DALI) set to `value`."""
+def with_setting(config: ProbeConfig, knob: str, value: float) -> ProbeConfig:
+    """The same probe with `num_workers` (DataLoader), `num_threads` or `hw_decoder_load`
+    (DALI) set to `value`."""
     spec = config.spec
     if knob == Knob.NUM_WORKERS.value:
-        spec = replace(spec, dataloader=replace(spec.dataloader, num_workers=value))
+        spec = replace(spec, dataloader=replace(spec.dataloader, num_workers=int(value)))
         return replace(config, backend=Backend.TORCH, spec=spec, label=f"num_workers={value}")
-    spec = replace(spec, dali=replace(spec.dali, num_threads=value))
+    if knob == Knob.HW_DECODER_LOAD.value:
+        spec = replace(spec, dali=replace(spec.dali, hw_decoder_load=float(value)))
+        label = f"DALI hw_decoder_load={value:g}"
+        return replace(config, backend=Backend.DALI, spec=spec, label=label)
+    spec = replace(spec, dali=replace(spec.dali, num_threads=int(value)))
     return replace(config, backend=Backend.DALI, spec=spec, label=f"DALI num_threads={value}")
 
 
@@ -154,12 +159,14 @@ def with_change(config: ProbeConfig, change: Change) -> ProbeConfig | None:
     if change.knob is Knob.NUM_WORKERS and isinstance(change.value, int):
         return with_setting(config, Knob.NUM_WORKERS.value, change.value)
     if change.knob is Knob.PIPELINE and isinstance(change.value, DaliPipeline):
-        config = with_setting(config, Knob.NUM_THREADS.value, change.value.num_threads)
+        target = change.value
+        config = with_setting(config, Knob.NUM_THREADS.value, target.num_threads)
         dali = config.spec.dali
-        if config.lane_spec(config.lanes[0]).dali_decoder.value != change.value.decoder:
-            dali = replace(dali, decoder=Decoder(change.value.decoder))
-            config = replace(config, spec=replace(config.spec, dali=dali))
-        return config
+        if config.lane_spec(config.lanes[0]).dali_decoder.value != target.decoder:
+            dali = replace(dali, decoder=Decoder(target.decoder))
+        if target.hw_decoder_load is not None:
+            dali = replace(dali, hw_decoder_load=target.hw_decoder_load)
+        return replace(config, spec=replace(config.spec, dali=dali), label=target.setting)
     return None
 
 
@@ -241,6 +248,10 @@ class WarmSession:
         )
         self.on_event("run", document)
         return document
+
+    @property
+    def lane_count(self) -> int:
+        return len(self.lanes.plans)
 
     def consumer_alone(self) -> dict[str, Any] | None:
         """The consumer alone (lane 0's), as the lanes measured it once."""

@@ -135,6 +135,10 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--decoder", "decoder", _DALI + "decoder", tuple(d.value for d in Decoder), None,
          "DALI decoder.  [default: mixed on a GPU, cpu without]",
          group="pipeline", commands=_BENCH_TOO, backend=Backend.DALI),
+    Flag("--hw-decoder-load", "hw_decoder_load", _DALI + "hw_decoder_load", float, None,
+         "The share of JPEGs DALI's mixed decoder sends to the GPU's hardware JPEG decoder "
+         "(0 to 1; the rest go to nvJPEG's CPU + CUDA path).  [default: 0.65, DALI's own]",
+         group="pipeline", commands=_BENCH_TOO, backend=Backend.DALI),
     Flag("--dtype", "dtype", _LOADER + "output_dtype", ("uint8", "float32"), None,
          "What DataLoader workers hand over (uint8: normalized on the device).  [default: "
          "uint8 to a GPU, float32 on the CPU]",
@@ -238,6 +242,7 @@ class PipelineArgs:
     workers: int | None
     threads: int | None
     decoder: str | None
+    hw_decoder_load: float | None
     dtype: str | None
     persistent_workers: bool
     start_method: str | None
@@ -272,6 +277,9 @@ class PipelineArgs:
             dali=DaliOptions(
                 num_threads=cores if self.threads is None else self.threads,
                 decoder=None if self.decoder is None else Decoder(self.decoder),
+                hw_decoder_load=DaliOptions.hw_decoder_load
+                if self.hw_decoder_load is None
+                else self.hw_decoder_load,
             ),
         )
 

@@ -58,8 +58,10 @@ def run_flags(change: dict[str, Any]) -> list[str]:
     if change["knob"] == "num_workers":
         return ["--pipeline", "torch", "--workers", str(value)]
     if change["knob"] == "pipeline":
+        load = value.get("hw_decoder_load")
         return ["--pipeline", "dali", "--threads", str(value["num_threads"]),
-                "--decoder", value["decoder"]]  # fmt: skip
+                "--decoder", value["decoder"],
+                *([] if load is None else ["--hw-decoder-load", f"{load:g}"])]  # fmt: skip
     raise SystemExit(f"no probe run makes the change {change}")
 
 

@@ -10,6 +10,7 @@ import math
 from dataclasses import replace
 
 from probe.judge.changes import Change, Knob, Recommendation, workers
+from probe.judge.dali_run import CoresFreed, DaliRun
 from probe.judge.diagnosis import diagnose_run
 from probe.judge.epochs import epoch_fixes
 from probe.judge.evidence import Evidence, gpu_sharing, gpu_sharing_evidence, measured
@@ -24,7 +25,7 @@ from probe.judge.recommend import (
     recommend_measured,
     set_aside,
 )
-from probe.judge.results import CoresFreed, DaliRun, EpochsRun, InTurn, Verification
+from probe.judge.results import EpochsRun, InTurn, Verification
 from probe.judge.session import Points, WarmSession, point_of, with_change, with_setting
 from probe.judge.thresholds import EPOCH_START_SHARE, KNEE_POINTS, KNEE_WITHIN
 from probe.judge.verdicts import Verdict, VerdictKind

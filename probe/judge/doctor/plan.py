@@ -12,6 +12,7 @@ from typing import Any
 
 from pipelines import Backend, BackendUnavailable, check_backend
 from probe.judge.changes import workers as yours
+from probe.judge.dali_run import DaliRun
 from probe.judge.diagnosis import diagnose_run
 from probe.judge.doctor.answer import (
     answer,
@@ -21,7 +22,8 @@ from probe.judge.doctor.answer import (
     verify,
     weigh_dali,
 )
-from probe.judge.doctor.points import dali_point, epochs_point, scaling_points
+from probe.judge.doctor.dali_search import dali_search
+from probe.judge.doctor.points import epochs_point, scaling_points
 from probe.judge.facts import run_facts
 from probe.judge.knee import SweepPoint, analyze_sweep, past_the_peak
 from probe.judge.model import Curve, run_curve
@@ -30,7 +32,6 @@ from probe.judge.results import (
     DALI,
     NOT_VERIFIED,
     TORCH,
-    DaliRun,
     ScalePoint,
     Scaling,
     Session,
@@ -89,7 +90,7 @@ def run_doctor(
         base: the probe (consumer, lanes, pipeline options, reading) every run shares.
         workers: the DataLoader worker counts the search may visit (the baseline is added).
         baseline_workers: your setting, whose run the verdict is about.
-        dali_threads: DALI's threads for its run.
+        dali_threads: DALI's threads where its search starts.
         started: when the budget started counting (the command's start); default now.
 
     Raises:
@@ -127,7 +128,7 @@ def run_doctor(
         cores = run_facts(store, baseline.run_id)[0].host_cpus
         dali: DaliRun | None = None
         if dali_reason is None and first.reliable and first.kind in DALI_FIRST:
-            dali = dali_point(session, base, dali_threads, dali_reason)
+            dali = dali_search(session, base, dali_threads, dali_reason, later=2)
         reserve = (1 if dali is None and dali_reason is None else 0) + 1  # DALI, verification
         ahead = dali is not None and weigh_dali(store, dali, baseline, baseline.estimate,
                                                  first, cores)[1]  # fmt: skip
@@ -143,7 +144,7 @@ def run_doctor(
         # DataLoader points before DALI's where it comes after them: their workers then fork
         # from a process DALI's threads have not run in yet
         if dali is None:
-            dali = dali_point(session, base, dali_threads, dali_reason)
+            dali = dali_search(session, base, dali_threads, dali_reason)
         analysis = analyze_sweep(list(points.measured.values()), "num_workers")
         verdict = baseline_verdict(store, baseline, analysis, points)
         recommendations, asides, dali = answer(

@@ -1,5 +1,5 @@
 """The doctor's own points: how one of each kind is measured on the session's warm lanes, for
-its share of the budget: DALI, your setting read epoch by epoch, and the job on fewer GPUs than
+its share of the budget: your setting read epoch by epoch, and the job on fewer GPUs than
 the session's (the DataLoader's settings are `probe.judge.session.Points`').
 """
 
@@ -10,12 +10,11 @@ from dataclasses import replace
 
 from probe.judge.changes import Change
 from probe.judge.knee import SweepPoint
-from probe.judge.results import DALI, TORCH, DaliRun, EpochsRun, Scaling
+from probe.judge.results import DALI, TORCH, EpochsRun, Scaling
 from probe.judge.scaling import checked_counts
 from probe.judge.session import (
     WarmSession,
     budget_short,
-    few_blocks,
     point_of,
     with_change,
     with_setting,
@@ -29,35 +28,6 @@ from probe.records import RunStatus
 # epoch (a DataLoader refills one batch per worker at each epoch start).
 EPOCHS_WORTH_MEASURING = EPOCH_START_SHARE / 2
 EPOCHS_POINTS = 3  # reading whole epochs, each opening on its stall, costs about three points
-
-
-def dali_point(
-    session: WarmSession, base: ProbeConfig, threads: int, reason: str | None
-) -> DaliRun:
-    """DALI on the same lanes (the decoder asked for, else mixed on a GPU and cpu without), for
-    its share of the budget with the verification after it."""
-    decoder = base.lane_spec(base.lanes[0]).dali_decoder.value
-    empty = DaliRun(decoder, threads)
-    if reason is not None:
-        return replace(empty, reason=reason)
-    if not session.budget.fits():
-        return replace(empty, reason=budget_short(session.budget))
-    document = session.measure(with_setting(base, "num_threads", threads), later=1)
-    if document is None:
-        return replace(empty, reason="interrupted before DALI ran")
-    if document.status != RunStatus.COMPLETED.value:
-        return replace(empty, run_id=document.run_id, reason=document.reason)
-    point = point_of(session.store, document, threads)
-    return replace(
-        empty,
-        images_per_s=point.images_per_s,
-        images_per_s_error=point.images_per_s_error,
-        run_id=point.run_id,
-        data_wait_frac=point.data_wait_frac,
-        host_busy=point.host_busy,
-        cpu_pct=point.cpu_pct,
-        reason=None if point.estimate.judged else few_blocks(point, session.budget),
-    )
 
 
 def epochs_point(

@@ -1,0 +1,233 @@
+"""DALI at its best for the job: the doctor's search of its settings (`num_threads`, and for
+the `mixed` decoder `hw_decoder_load`, the share of JPEGs sent to the GPU's hardware decoder;
+the `cpu` decoder where the SMs hold it), each point chosen by what the points before it
+measured (`probe.judge.dali_model`), not by a grid.
+
+It starts from DALI's defaults (or the setting asked for), measures the setting the model
+predicts fastest, and goes on while one is predicted faster than the best measured beyond that
+point's error, up to MAX_POINTS, within the budget. The answer is the fastest setting measured,
+with what holds DALI there (its verdict: its CPU threads, the hardware decoder, the SMs, or
+nothing) and every point beside what was predicted for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+from probe.judge.changes import Change, DaliPipeline
+from probe.judge.dali_model import (
+    CLOSE,
+    DaliPoint,
+    Host,
+    Prediction,
+    best_predicted,
+    cpu_decoder_rate,
+)
+from probe.judge.dali_run import DaliRun, DaliTried
+from probe.judge.diagnosis import diagnose_run
+from probe.judge.evidence import slower_step
+from probe.judge.facts import run_facts
+from probe.judge.session import WarmSession, budget_short, few_blocks, point_of, with_change
+from probe.judge.verdicts import VerdictKind
+from probe.measure.config import ProbeConfig
+from probe.metrics import IMAGES_PER_S
+from probe.records import RunStatus
+
+MAX_POINTS = 4  # DALI settings a doctor measures, its first included
+MIN_GAIN = 0.03  # a setting predicted to gain less than this on the best measured is not run
+# What held a DALI setting, by its run's verdict (anything else: the verdict's own title).
+HOLDS = {
+    VerdictKind.DALI_THREADS_SATURATED: "its CPU threads",
+    VerdictKind.STARVED_CPU_SATURATED: "its CPU threads",
+    VerdictKind.DALI_DECODER_SATURATED: "the hardware decoder",
+    VerdictKind.GPU_SHARED: "the SMs",
+    VerdictKind.FED: "nothing: the consumer sets the pace",
+}
+
+
+Measure = Callable[[DaliPipeline, str, "float | None", int], DaliTried]
+
+
+def dali_search(
+    session: WarmSession, base: ProbeConfig, threads: int, reason: str | None, later: int = 1
+) -> DaliRun:
+    """DALI on the session's lanes at its best setting found (decoder: the one asked for, else
+    mixed on a GPU and cpu without), with `later` points planned after the search."""
+    decoder = base.lane_spec(base.lanes[0]).dali_decoder.value
+    load = base.spec.dali.hw_decoder_load if decoder == "mixed" else None
+    start = DaliPipeline(decoder, threads, load)
+    empty = DaliRun(decoder, threads, hw_decoder_load=load)
+    if reason is not None:
+        return replace(empty, reason=reason)
+    if not session.budget.fits():
+        return replace(empty, reason=budget_short(session.budget))
+
+    def measure(pipeline: DaliPipeline, why: str, predicted: float | None, left: int) -> DaliTried:
+        return _measure(session, base, pipeline, why, predicted, left)
+
+    first = measure(start, _first_why(start), None, later)
+    if first.lane_images_per_s is None:
+        return replace(empty, tried=(first,), run_id=first.run_id, reason=first.reason)
+    alone = (session.consumer_alone() or {}).get("images_per_s")
+    host = Host(_cores_per_lane(session, first), alone, first.nvjpg_pct is not None)
+
+    def fits(left: int) -> str | None:
+        if session.stop.is_set():
+            return "interrupted"
+        return None if session.budget.fits(left) else budget_short(session.budget, left)
+
+    tried, stopped = search(first, host, session.lane_count, measure, fits, later)
+    return finish(empty, tried, host, stopped)
+
+
+def search(
+    first: DaliTried,
+    host: Host,
+    lanes: int,
+    measure: Measure,
+    fits: Callable[[int], str | None],
+    later: int,
+) -> tuple[list[DaliTried], str | None]:
+    """From the `first` point measured: the setting the model predicts fastest, measured while
+    one is predicted faster than the best measured beyond its error, up to MAX_POINTS, as long
+    as `fits` (the budget, with `later` points after) lets it; then, where the SMs hold `mixed`
+    at its best and the model predicts the cpu decoder faster, that. Returns the points in the
+    order measured, and why the search ended before it converged (None: it converged)."""
+    decoder = first.pipeline.decoder
+    tried, stopped = [first], None
+    while len(tried) < MAX_POINTS:
+        best = _best(tried)
+        wanted = best_predicted(_points(tried), host, decoder)
+        if _enough(wanted, best, tried, lanes) is not None or wanted is None:
+            break
+        left = MAX_POINTS - len(tried) - 1 + later
+        stopped = fits(later)
+        if stopped is not None:
+            stopped = f"{wanted.pipeline.setting} was not measured: {stopped}"
+            break
+        count = "the first point" if len(tried) == 1 else f"{len(tried)} points"
+        why = f"predicted fastest ({wanted.holds} would hold it) from what {count} measured"
+        tried.append(measure(wanted.pipeline, why, wanted.images_per_s * lanes, left))
+    best = _best(tried)
+    if decoder == "mixed" and best.holds == HOLDS[VerdictKind.GPU_SHARED] and stopped is None:
+        threads = max(1, int(host.cores))
+        per_lane = cpu_decoder_rate(_points(tried), host, threads)
+        predicted = None if per_lane is None else per_lane * lanes
+        if (
+            predicted is not None
+            and best.images_per_s is not None
+            and predicted >= best.images_per_s * (1 + MIN_GAIN)
+            and fits(later) is None
+        ):
+            why = "the SMs hold mixed at its best: the cpu decoder leaves them to the model"
+            tried.append(measure(DaliPipeline("cpu", threads), why, predicted, later))
+    return tried, stopped
+
+
+def finish(empty: DaliRun, tried: list[DaliTried], host: Host, stopped: str | None) -> DaliRun:
+    """The search's answer: the fastest setting measured (among those within CLOSE of it, the
+    fewest threads), with every point, what holds it, and what was not searched."""
+    point = _best(tried)
+    notes = [] if host.hardware_decoder else [_share_note(empty.decoder)]
+    if stopped is not None:
+        notes.append(stopped)
+    chosen = replace(empty.chosen(point), holds=point.holds)
+    return replace(chosen, tried=tuple(tried), not_searched="; ".join(notes) or None)
+
+
+def _best(tried: list[DaliTried]) -> DaliTried:
+    judged = [t for t in tried if t.images_per_s]
+    top = max(t.images_per_s or 0.0 for t in judged)
+    close = [t for t in judged if (t.images_per_s or 0.0) >= top * (1 - CLOSE)]
+    return min(close, key=lambda t: (t.pipeline.num_threads, -(t.images_per_s or 0.0)))
+
+
+def _cores_per_lane(session: WarmSession, first: DaliTried) -> float:
+    assert first.run_id is not None
+    return run_facts(session.store, first.run_id)[0].cores_per_lane
+
+
+def _first_why(start: DaliPipeline) -> str:
+    if start.decoder == "mixed" and start.hw_decoder_load == 0.65:
+        return "DALI's defaults: the search starts from them"
+    return "the setting asked for: the search starts from it"
+
+
+def _share_note(decoder: str) -> str:
+    if decoder != "mixed":
+        return (
+            "decoder cpu decodes every JPEG on DALI's threads: there is no hardware decoder's "
+            "share to search"
+        )
+    return (
+        "NVML did not read the hardware JPEG decoder on this GPU (none, or a driver without the "
+        "counter): hw_decoder_load was not searched"
+    )
+
+
+def _enough(
+    wanted: Prediction | None, best: DaliTried, tried: list[DaliTried], lanes: int
+) -> str | None:
+    """Why the search ends here (None: it goes on to `wanted`)."""
+    if wanted is None:
+        return "nothing measured to predict from"
+    if any(t.pipeline == wanted.pipeline for t in tried):
+        return f"the model's best, {wanted.pipeline.setting}, was measured"
+    assert best.images_per_s is not None
+    error = (best.images_per_s_error or 0.0) / best.images_per_s
+    predicted = wanted.images_per_s * lanes
+    if predicted < best.images_per_s * (1 + max(MIN_GAIN, error)):
+        return (
+            f"no setting is predicted faster than {best.setting} beyond its error (the best, "
+            f"{wanted.pipeline.setting}, {IMAGES_PER_S.text(predicted)} predicted)"
+        )
+    return None
+
+
+def _measure(
+    session: WarmSession,
+    base: ProbeConfig,
+    pipeline: DaliPipeline,
+    why: str,
+    predicted: float | None,
+    later: int,
+) -> DaliTried:
+    """One DALI setting measured on the warm lanes, with what its worst lane read."""
+    out = DaliTried(pipeline, why, predicted)
+    config = with_change(base, Change.parse(pipeline.setting))
+    assert config is not None
+    document = session.measure(config, later=later)
+    if document is None:
+        return replace(out, reason="interrupted")
+    if document.status != RunStatus.COMPLETED.value:
+        return replace(out, run_id=document.run_id, reason=document.reason)
+    point = point_of(session.store, document, pipeline.num_threads)
+    if not point.estimate.judged:
+        return replace(out, run_id=document.run_id, reason=few_blocks(point, session.budget))
+    facts = min(run_facts(session.store, document.run_id), key=lambda f: f.figures.images_per_s)
+    figures = facts.figures
+    threads_cpu = None
+    if figures.cpu_pct is not None:
+        threads_cpu = max(0.0, figures.cpu_pct - (figures.main_thread_cpu_pct or 0.0))
+    verdict = diagnose_run(session.store, document.run_id).verdict
+    return replace(
+        out,
+        images_per_s=point.images_per_s,
+        images_per_s_error=point.images_per_s_error,
+        run_id=document.run_id,
+        nvjpg_pct=figures.nvjpg_pct,
+        threads_cpu_pct=threads_cpu,
+        step_slowed=slower_step(facts),
+        data_wait_frac=point.data_wait_frac,
+        holds=HOLDS.get(verdict.kind, verdict.title),
+        lane_images_per_s=figures.images_per_s,
+        main_cpu_pct=figures.main_thread_cpu_pct,
+        cpu_pct=point.cpu_pct,
+        host_busy=point.host_busy,
+    )
+
+
+def _points(tried: list[DaliTried]) -> list[DaliPoint]:
+    """The judged points as the model reads them."""
+    return [t.point for t in tried if t.point is not None]
