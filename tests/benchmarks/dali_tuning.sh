@@ -4,8 +4,8 @@
 #   data      1,500 camera-sized JPEGs (about 700 KB) in /tmp/large
 #   doctorC   `probe doctor` held to C cores (taskset -c 0-(C-1)), ResNet-50 on /tmp/large, then
 #             a 60 s `probe run` of its first recommendation (tests/benchmarks/doctor_check.py)
-#   gridC-T   DALI mixed with T threads (comma-separated) x hw_decoder_load 0.65, 0.8, 0.9,
-#             0.95, 1.0, each 20 s measured, held to C cores (tests/benchmarks/dali_grid.py)
+#   gridC-T   DALI mixed with T threads (several joined by _, as 1_2) x hw_decoder_load 0.65,
+#             0.8, 0.9, 0.95, 1.0, each 20 s measured, held to C cores (tests/benchmarks/dali_grid.py)
 set -euo pipefail
 stage="$1"; out="$2"
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -23,9 +23,9 @@ case "$stage" in
     taskset -c "$(cpus "$cores")" python3 "$here/doctor_check.py" --out "$out/$stage" \
       --long-s 60 --only-recommended -- "${large[@]}" ;;
   grid*)
-    spec="${stage#grid}"; cores="${spec%%-*}"; threads="${spec#*-}"
+    spec="${stage#grid}"; cores="${spec%%-*}"; threads="${spec#*-}"; threads="${threads//_/,}"
     taskset -c "$(cpus "$cores")" python3 "$here/dali_grid.py" \
       --out "$out/$stage.json" --threads "$threads" --loads 0.65,0.8,0.9,0.95,1 \
       --seconds 20 -- "${large[@]}" ;;
-  *) echo "usage: dali_tuning.sh data|doctorC|gridC-T[,T] OUT" >&2; exit 2 ;;
+  *) echo "usage: dali_tuning.sh data|doctorC|gridC-T[_T] OUT" >&2; exit 2 ;;
 esac
