@@ -31,14 +31,9 @@ from probe.present.charts import (
     WARMUP,
     slowest_line,
 )
+from probe.present.doctor_tables import doctor_lines
 from probe.present.listing import run_rows, running_runs
-from probe.present.tables import (
-    doctor_lines,
-    headline,
-    measured_again,
-    recommendation_text,
-    verification_summary,
-)
+from probe.present.tables import headline, measured_again, recommendation_text, verification_summary
 from probe.records import LaunchRecord, RunStatus, SessionRecord
 from probe.store.db import Store
 from probe.store.series import run_series, slowest_lanes

@@ -25,12 +25,11 @@ from probe.judge.changes import (
     to_dali,
     workers,
 )
+from probe.judge.dali_run import CoresFreed, DaliRun
 from probe.judge.diagnosis import diagnose_run, judge_run
 from probe.judge.facts import HostLoad, LaneFacts
 from probe.judge.knee import SweepPoint, analyze_sweep, ladder, past_the_peak
 from probe.judge.results import (
-    CoresFreed,
-    DaliRun,
     EpochsRun,
     InTurn,
     Session,
@@ -347,7 +346,8 @@ def test_a_doctor_session_is_its_document_and_back() -> None:
     ]  # fmt: skip
     assert list(document["dali"]) == [
         "images_per_s", "images_per_s_error", "setting", "run_id", "data_wait_frac",
-        "host_busy", "reason", "cpu_pct", "freed", "advice",
+        "host_busy", "reason", "cpu_pct", "freed", "tried", "holds", "not_searched", "code",
+        "advice",
     ]  # fmt: skip
     assert document["dali"]["freed"]["freed"] == pytest.approx(0.1)
     assert document["dali"]["setting"] == "DALI decoder=cpu num_threads=2"

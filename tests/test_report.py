@@ -24,8 +24,9 @@ from probe.judge.changes import Recommendation, workers
 from probe.judge.evidence import Evidence
 from probe.metrics import IMAGES_PER_S
 from probe.present import charts
+from probe.present.doctor_tables import doctor_lines
 from probe.present.report import REPORT_SCHEMA, Report, build_report, render
-from probe.present.tables import SHORT, doctor_lines, recommendation_grid, recommendation_notes
+from probe.present.tables import SHORT, recommendation_grid, recommendation_notes
 from probe.store.db import Store
 
 CHROMIUM, MISSING = chromium()

@@ -18,7 +18,8 @@ from probe.judge.scaling import checked_counts, dali_at, predict, torch_at
 from probe.judge.thresholds import Severity
 from probe.judge.verdicts import Verdict, VerdictKind
 from probe.metrics import LaneFigures
-from probe.present.tables import diagnosis_lines, job_scope, scaling_grid, scaling_lines
+from probe.present.doctor_tables import scaling_grid, scaling_lines
+from probe.present.tables import diagnosis_lines, job_scope
 from probe.records import RunStatus
 from probe.steady import Estimate
 

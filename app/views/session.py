@@ -15,14 +15,12 @@ from app import common
 from probe.judge.results import Session, SessionKind
 from probe.metrics import DATA_WAIT, IMAGES_PER_S
 from probe.present import charts as figures
+from probe.present.doctor_tables import doctor_notes, scaling_grid, scaling_lines
 from probe.present.tables import (
     curve_lines,
-    doctor_notes,
     job_scope,
     measured_again,
     point_grid,
-    scaling_grid,
-    scaling_lines,
     verification_summary,
 )
 

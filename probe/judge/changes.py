@@ -90,7 +90,8 @@ class Change:
     def to_json(self) -> dict[str, Any]:
         value = self.value
         if isinstance(value, DaliPipeline):
-            return {"knob": Knob.PIPELINE.value, "value": vars(value).copy()}
+            written = {k: v for k, v in vars(value).items() if v is not None}
+            return {"knob": Knob.PIPELINE.value, "value": written}
         return {"knob": None if self.knob is None else self.knob.value, "value": value}
 
     @classmethod

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from probe.judge.changes import DaliPipeline
-from probe.judge.thresholds import NVJPG_SATURATED_PCT, THREADS_SATURATED
+from probe.judge.thresholds import THREADS_SATURATED
 
 DEFAULT_LOAD = 0.65  # DALI's own hw_decoder_load
 SHARES = (0.65, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0)  # hw_decoder_load settings the search weighs
@@ -32,6 +32,8 @@ FIXED_CPU_PRIOR = 0.15  # a point's thread CPU per image that a share does not m
 FIXED_SM_PRIOR = 0.25  # a point's step slowdown that a share does not move (resize, normalize)
 NVJPG_MIN_PCT = 3.0  # below this the decoder's rate per busy share is not read
 CPU_DECODE_PRIOR = 2.0  # the cpu decoder's CPU per image against nvJPEG's CPU part of it
+DECODER_FULL = 0.97  # the hardware decoder's busy share taken as full
+CALIBRATION = (0.7, 1.4)  # the measured/modelled ratio a prediction is scaled by, bounded
 CLOSE = 0.02  # settings predicted within this share of the best: the fewest threads is chosen
 
 
@@ -142,7 +144,7 @@ def _model(points: Sequence[DaliPoint], host: Host, pipeline: DaliPipeline) -> P
     if pipeline.decoder == "mixed" and share > 0:
         decoder = _decoder_rate(points)
         if decoder is not None:
-            bounds["decoder"] = decoder * NVJPG_SATURATED_PCT / 100 / share
+            bounds["decoder"] = decoder * DECODER_FULL / share
     if host.consumer_images_per_s:
         fixed, per_share = _sm_terms(points) if pipeline.decoder == "mixed" else (0.0, 0.0)
         slowed = fixed + per_share * (1 - share)
@@ -173,7 +175,8 @@ def predict(points: Sequence[DaliPoint], host: Host, pipeline: DaliPipeline) -> 
     at_nearest = _model(points, host, nearest.pipeline)
     if at_nearest is None or at_nearest.images_per_s <= 0:
         return modelled
-    ratio = min(1.0, nearest.images_per_s / at_nearest.images_per_s)
+    low, high = CALIBRATION
+    ratio = min(high, max(low, nearest.images_per_s / at_nearest.images_per_s))
     return Prediction(pipeline, modelled.images_per_s * ratio, modelled.holds)
 
 

@@ -24,7 +24,7 @@ from pipelines.sample_data import DEFAULT_SAMPLE, default_dataset_ready, ensure_
 from probe.judge.diagnosis import RunDiagnosis
 from probe.judge.results import Session, SessionKind
 from probe.measure.bench import BenchResult, bench_pipeline, describe_settings
-from probe.present import tables, terminal
+from probe.present import doctor_tables, tables, terminal
 from probe.present.options import decimal
 from probe.present.progress import progress_line
 from probe.present.tables import run_notes
@@ -247,7 +247,10 @@ def print_session(session: Session) -> None:
         out.print(terminal.sweep_table(session))
         print_lines(tables.curve_lines(session), to_stdout=True)
     if session.kind is SessionKind.DOCTOR:
-        print_lines(tables.doctor_lines(session), to_stdout=True)
+        searched = terminal.dali_table(session)
+        if searched is not None:
+            out.print(searched)
+        print_lines(doctor_tables.doctor_lines(session), to_stdout=True)
     if session.scaling is not None:
         out.print(terminal.scaling_table(session.scaling))
-        print_lines(tables.scaling_lines(session.scaling), to_stdout=True)
+        print_lines(doctor_tables.scaling_lines(session.scaling), to_stdout=True)

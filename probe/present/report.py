@@ -36,6 +36,7 @@ from probe.judge.results import (
 from probe.judge.verdicts import Verdict, VerdictKind
 from probe.metrics import IMAGES_PER_S, MEMORY, STAGE_TIME, STAGES
 from probe.present import charts
+from probe.present.doctor_tables import scaling_grid, scaling_lines
 from probe.present.jsontext import json_text
 from probe.present.options import reproduce_command
 from probe.present.tables import (
@@ -57,8 +58,6 @@ from probe.present.tables import (
     run_devices,
     run_notes,
     run_wait,
-    scaling_grid,
-    scaling_lines,
 )
 from probe.store.db import Store
 from probe.store.documents import RunBrief, RunDocument, read_run

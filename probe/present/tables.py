@@ -7,13 +7,12 @@ Labels, units and formats are those of `probe.metrics`.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from probe.judge.changes import Recommendation
-from probe.judge.results import DALI, TORCH, EpochsRun, Scaling, Session
+from probe.judge.results import EpochsRun, Session
 from probe.judge.thresholds import KNEE_WITHIN, Severity
 from probe.judge.verdicts import Verdict, VerdictKind
 from probe.metrics import (
@@ -193,7 +192,7 @@ def measured_again(item: Recommendation, agreed: bool = True, delta: bool = Fals
     return f"{word} {IMAGES_PER_S.text(measured)} ({change})"
 
 
-def _run_again(session: Session) -> tuple[int | None, bool]:
+def run_again(session: Session) -> tuple[int | None, bool]:
     """The rank of the recommendation the verification re-ran (None: it is not listed), and
     whether the first recommendation was measured again beside it."""
     verify = session.verify
@@ -208,7 +207,7 @@ def verification_summary(session: Session) -> str:
     verify = session.verify
     if verify is None:
         return "none run again"
-    rank, beside = _run_again(session)
+    rank, beside = run_again(session)
     if rank == 1:
         return "the first one verified" if verify.agrees else "the first one measured again"
     if rank is not None and beside:
@@ -324,93 +323,6 @@ def consumer_line(session: Session) -> str | None:
         f"the consumer alone, on batches already on the device: {shown}: the most any input "
         "fix can give"
     )
-
-
-def scaling_grid(scaling: Scaling) -> Grid:
-    """The job on 1 to N GPUs: the DataLoader's workers per GPU, and for each pipeline the
-    job's images/s predicted, measured where it was (against the prediction), and per GPU
-    (measured where it was, else predicted). DALI's setting is the same on every row
-    (`scaling_lines` says it)."""
-    device = scaling.device
-    header = [f"{device}s"]
-    pipelines = [(key, name) for key, name in ((TORCH, "DataLoader"), (DALI, "DALI"))
-                 if scaling.at(key, 1) is not None]  # fmt: skip
-    for key, name in pipelines:
-        header += [*(["workers"] if key == TORCH else []), f"{name} predicted",
-                   f"{name} measured", f"{name} per {device}"]  # fmt: skip
-    rows, numeric = [], {0}
-    for gpus in range(1, scaling.lanes + 1):
-        row = [str(gpus)]
-        for key, _ in pipelines:
-            point = scaling.at(key, gpus)
-            assert point is not None
-            rate = point.images_per_s
-            measured = IMAGES_PER_S.cell(
-                point.measured_images_per_s, point.measured_images_per_s_error
-            )
-            if point.error_frac is not None:
-                measured += f" ({point.error_frac:+.1%})"
-            if key == TORCH:
-                row.append(point.setting.removeprefix("num_workers="))
-            row += [
-                IMAGES_PER_S.cell(point.predicted_images_per_s),
-                measured,
-                IMAGES_PER_S.cell(None if rate is None else rate / gpus),
-            ]
-        rows.append(tuple(row))
-    numeric = set(range(len(header)))
-    return Grid(tuple(header), tuple(rows), frozenset(numeric))
-
-
-def scaling_lines(scaling: Scaling) -> list[str]:
-    """What the scaling table says: whose figures, the cores per GPU each pipeline needs to keep
-    up with the consumer alone, the GPUs this host's cores feed, and each check."""
-    device, cores = scaling.device, f"{scaling.cores:g}"
-    dali = scaling.at(DALI, 1)
-    lines = [
-        f"scaling on this host's {cores} cores, 1 to {scaling.lanes} {device}s, one process "
-        f"per {device}: images/s for the job, and per {device}; predicted from the runs on "
-        f"{scaling.lanes}"
-        + ("" if dali is None else f"; DALI as {dali.setting.removeprefix('DALI ')} on each")
-        + (f"; {scaling.unchecked}" if scaling.unchecked else "")
-    ]
-    alone = scaling.consumer_images_per_s
-    for key, name in ((TORCH, "the DataLoader"), (DALI, "DALI")):
-        need = scaling.cores_needed(key)
-        cpu_ms = scaling.cpu_ms(key)
-        if need is None or alone is None or cpu_ms is None:
-            continue
-        other = (
-            f" (less the {scaling.other_cores:.1f} other processes use)"
-            if scaling.other_cores >= 0.05
-            else ""
-        )
-        fed = scaling.feeds(key)
-        assert fed is not None  # known where the cores needed are
-        feeds = (
-            f"{fed:.1f} of a {device}'s worth"
-            if fed < 1
-            else f"{math.floor(fed)} {device}{'' if math.floor(fed) == 1 else 's'}"
-        )
-        lines.append(
-            f"{name} needs {need:.1f} cores per {device} to keep up with the consumer alone "
-            f"({alone:,.0f} images/s per {device}, {cpu_ms:.2f} ms of CPU per image): the "
-            f"host's {cores} cores{other} feed {feeds} at that rate"
-        )
-    for point in (p for p in scaling.points if p.error_frac is not None):
-        shown = IMAGES_PER_S.text(point.measured_images_per_s, point.measured_images_per_s_error)
-        lines.append(
-            f"checked on {point.gpus} {device}{'' if point.gpus == 1 else 's'}: "
-            f"{point.setting} predicted {IMAGES_PER_S.text(point.predicted_images_per_s)}, "
-            f"measured {shown} ({point.error_frac:+.1%} against the prediction"
-            + (
-                ", beyond its error and the drift between runs: the measured figure stands"
-                if point.missed
-                else ""
-            )
-            + f"; run {point.run_id})"
-        )
-    return lines
 
 
 def gpu_busy(figures: LaneFigures) -> str:
@@ -611,81 +523,3 @@ def _recommendation_lines(
     if again:
         line += f"; {again}"
     return [line, *(f"     {note}" for note in item.notes)]
-
-
-def doctor_lines(session: Session) -> list[str]:
-    """The doctor's answer: verdict, DALI, the epoch reading, recommendations and
-    verification, as text."""
-    if session.verdict is None:
-        return [f"session {session.session_id}: no answer{because(session.reason)}"]
-    agreed = session.verify is None or session.verify.agrees
-    return diagnosis_lines(
-        session.verdict,
-        session.recommendations,
-        session.asides,
-        job_scope(session.devices),
-        agreed,
-    ) + doctor_notes(session)
-
-
-def verified_what(session: Session) -> str:
-    """What the verification re-ran, and where that is not the first recommendation, which
-    one it is and that the first was measured once."""
-    assert session.verify is not None
-    setting = session.verify.change.setting
-    rank, beside = _run_again(session)
-    if rank is None or rank == 1:
-        return f"verified {setting}"
-    first = session.recommendations[0].setting
-    how = "measured again beside it" if beside else "was measured once, not re-run"
-    return f"verified {setting} (recommendation {rank}; recommendation 1, {first}, {how})"
-
-
-def doctor_notes(session: Session) -> list[str]:
-    """What the doctor measured besides its sweep: DALI, the epoch reading, the verification,
-    its start-up and its consumer."""
-    lines = []
-    dali = session.dali
-    if dali is not None and dali.images_per_s is not None:
-        shown = IMAGES_PER_S.text(dali.images_per_s, dali.images_per_s_error)
-        wait = DATA_WAIT.text(dali.data_wait_frac)
-        line = f"DALI ({dali.change.setting}): {shown}, {DATA_WAIT.label} {wait}"
-        lines.append(line + (f": {dali.advice}" if dali.advice else ""))
-    elif dali is not None:
-        lines.append(f"DALI: not measured{because(dali.reason)}")
-    lines += epochs_lines(session.epochs)
-    verify = session.verify
-    if verify is None:
-        lines.append(f"not verified{because(session.not_verified)}")
-    elif verify.error_frac is not None:
-        agrees = "within" if verify.agrees else "more than"
-        if verify.host_busy:
-            agrees = "measured while other processes took the host's CPU, not trusted; " + agrees
-        predicted = IMAGES_PER_S.cell(
-            verify.predicted_images_per_s, verify.predicted_images_per_s_error
-        )
-        measured = IMAGES_PER_S.text(
-            verify.measured_images_per_s, verify.measured_images_per_s_error
-        )
-        # one prediction a setting: where the answer revised it, the first is said as what it was
-        first = "predicted" if verify.agrees else "predicted at first"
-        lines.append(
-            f"{verified_what(session)}: {first} {predicted}, measured {measured} "
-            f"({against_text(verify.measured_images_per_s, verify.predicted_images_per_s)}: "
-            f"{agrees} their errors and the drift between runs; run {verify.run_id})"
-        )
-        lines += [
-            f"  in turn: {item.setting}: "
-            f"{IMAGES_PER_S.text(item.images_per_s, item.images_per_s_error)} (run {item.run_id})"
-            for item in verify.in_turn
-        ]
-        if verify.outcome:
-            lines.append(f"  so: {verify.outcome}")
-    if session.startup_s:
-        lines.append(
-            f"the lanes started, with the consumer tuned and timed alone, in "
-            f"{session.startup_s:.1f} s"
-        )
-    if session.consumer_note:
-        lines.append(f"consumer: {session.consumer_note}")
-    return lines

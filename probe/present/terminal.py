@@ -17,15 +17,16 @@ from rich.table import Table
 from probe.judge.results import Scaling, Session
 from probe.measure.bench import BenchResult
 from probe.metrics import DATA_WAIT, IMAGES_PER_S, LaneFigures
+from probe.present.doctor_tables import dali_grid, scaling_grid
 from probe.present.listing import SessionRow
 from probe.present.tables import (
     PIPELINE_ONLY_WAIT,
+    Grid,
     lane_grid,
     pipeline_only,
     point_grid,
     point_notes,
     run_wait,
-    scaling_grid,
 )
 from probe.store.documents import RunDocument
 
@@ -178,10 +179,26 @@ def sweep_table(session: Session) -> Table:
 
 def scaling_table(scaling: Scaling) -> Table:
     """The job on 1 to N GPUs of one host, each pipeline predicted and measured."""
-    grid = scaling_grid(scaling)
-    table = Table(title=f"from 1 {scaling.device} to {scaling.lanes}, images/s for the job")
+    title = f"from 1 {scaling.device} to {scaling.lanes}, images/s for the job"
+    return _table(scaling_grid(scaling), title)
+
+
+def dali_table(session: Session) -> Table | None:
+    """The DALI settings a doctor's search measured, where it measured more than one."""
+    dali = session.dali
+    if dali is None or len(dali.tried) < 2:
+        return None
+    title = "DALI's settings searched (each point chosen by what the points before it measured)"
+    return _table(dali_grid(dali, session.devices), title)
+
+
+def _table(grid: Grid, title: str) -> Table:
+    table = Table(title=title)
     for i, column in enumerate(grid.header):
-        table.add_column(column, justify="right" if i in grid.numeric else "left")
+        if column == "run":
+            table.add_column(column, **_whole(row[i] for row in grid.rows))
+        else:
+            table.add_column(column, justify="right" if i in grid.numeric else "left")
     for row in grid.rows:
         table.add_row(*row)
     return table

@@ -78,7 +78,7 @@ def main() -> None:
             threads_cpu = None
             if figures.cpu_pct is not None:
                 threads_cpu = figures.cpu_pct - (figures.main_thread_cpu_pct or 0.0)
-            row = {
+            row: dict[str, Any] = {
                 "setting": change.setting,
                 "run_id": run_id,
                 "status": document.status,

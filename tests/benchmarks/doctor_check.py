@@ -26,8 +26,8 @@ from rich.console import Console
 from rich.table import Table
 
 from probe.judge.results import Session
-from probe.present.tables import doctor_lines, scaling_lines
-from probe.present.terminal import scaling_table, sweep_table
+from probe.present.doctor_tables import doctor_lines, scaling_lines
+from probe.present.terminal import dali_table, scaling_table, sweep_table
 
 
 def probe(out: Path, name: str, *args: str) -> tuple[dict[str, Any] | None, float, int]:
@@ -73,6 +73,9 @@ def rate(document: dict[str, Any] | None) -> tuple[float | None, float | None]:
 
 def show_session(console: Console, session: Session) -> None:
     """The doctor's answer, its points and its scaling, as `probe show` prints them."""
+    searched = dali_table(session)
+    if searched is not None:
+        console.print(searched)
     for line in doctor_lines(session):
         console.print(line, markup=False, highlight=False)
     console.print(sweep_table(session))

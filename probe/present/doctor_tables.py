@@ -1,0 +1,264 @@
+"""The doctor's own tables and lines, beside the sweep's (`probe.present.tables`): its answer
+and notes, the DALI settings its search measured, and the job from 1 GPU to N.
+
+Pure: documents in, headers and text cells out, as `probe.present.tables`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from probe.judge.dali_run import DaliRun
+from probe.judge.results import DALI, TORCH, Scaling, Session
+from probe.metrics import CPU, DATA_WAIT, IMAGES_PER_S, NVJPG, against_text
+from probe.present.tables import (
+    Grid,
+    because,
+    diagnosis_lines,
+    epochs_lines,
+    job_scope,
+    run_again,
+)
+
+
+def doctor_lines(session: Session) -> list[str]:
+    """The doctor's answer: verdict, DALI, the epoch reading, recommendations and
+    verification, as text."""
+    if session.verdict is None:
+        return [f"session {session.session_id}: no answer{because(session.reason)}"]
+    agreed = session.verify is None or session.verify.agrees
+    return diagnosis_lines(
+        session.verdict,
+        session.recommendations,
+        session.asides,
+        job_scope(session.devices),
+        agreed,
+    ) + doctor_notes(session)
+
+
+def verified_what(session: Session) -> str:
+    """What the verification re-ran, and where that is not the first recommendation, which
+    one it is and that the first was measured once."""
+    assert session.verify is not None
+    setting = session.verify.change.setting
+    rank, beside = run_again(session)
+    if rank is None or rank == 1:
+        return f"verified {setting}"
+    first = session.recommendations[0].setting
+    how = "measured again beside it" if beside else "was measured once, not re-run"
+    return f"verified {setting} (recommendation {rank}; recommendation 1, {first}, {how})"
+
+
+def doctor_notes(session: Session) -> list[str]:
+    """What the doctor measured besides its sweep: DALI, the epoch reading, the verification,
+    its start-up and its consumer."""
+    lines = []
+    if session.dali is not None:
+        lines += dali_lines(session.dali, session.devices)
+    lines += epochs_lines(session.epochs)
+    verify = session.verify
+    if verify is None:
+        lines.append(f"not verified{because(session.not_verified)}")
+    elif verify.error_frac is not None:
+        agrees = "within" if verify.agrees else "more than"
+        if verify.host_busy:
+            agrees = "measured while other processes took the host's CPU, not trusted; " + agrees
+        predicted = IMAGES_PER_S.cell(
+            verify.predicted_images_per_s, verify.predicted_images_per_s_error
+        )
+        measured = IMAGES_PER_S.text(
+            verify.measured_images_per_s, verify.measured_images_per_s_error
+        )
+        # one prediction a setting: where the answer revised it, the first is said as what it was
+        first = "predicted" if verify.agrees else "predicted at first"
+        lines.append(
+            f"{verified_what(session)}: {first} {predicted}, measured {measured} "
+            f"({against_text(verify.measured_images_per_s, verify.predicted_images_per_s)}: "
+            f"{agrees} their errors and the drift between runs; run {verify.run_id})"
+        )
+        lines += [
+            f"  in turn: {item.setting}: "
+            f"{IMAGES_PER_S.text(item.images_per_s, item.images_per_s_error)} (run {item.run_id})"
+            for item in verify.in_turn
+        ]
+        if verify.outcome:
+            lines.append(f"  so: {verify.outcome}")
+    if session.startup_s:
+        lines.append(
+            f"the lanes started, with the consumer tuned and timed alone, in "
+            f"{session.startup_s:.1f} s"
+        )
+    if session.consumer_note:
+        lines.append(f"consumer: {session.consumer_note}")
+    return lines
+
+
+def dali_grid(dali: DaliRun, devices: Sequence[str]) -> Grid:
+    """The DALI settings the doctor's search measured, in order: why each, what was predicted
+    and measured (images/s for the job), and what each lane's worst read: the hardware
+    decoder's busy share, DALI's threads' CPU, the step against the consumer alone, what held
+    it."""
+    header = (
+        "DALI setting",
+        "why",
+        "predicted",
+        IMAGES_PER_S.heading + job_scope(devices),
+        "measured vs predicted",
+        NVJPG.label,
+        "DALI threads' CPU cores",
+        "step vs alone",
+        "held by",
+        "run",
+    )
+    rows = []
+    for point in dali.tried:
+        chosen = point.run_id == dali.run_id and point.run_id is not None
+        measured = (
+            IMAGES_PER_S.cell(point.images_per_s, point.images_per_s_error)
+            if point.images_per_s
+            else f"not judged{because(point.reason)}"
+        )
+        against = (
+            against_text(point.images_per_s, point.predicted_images_per_s)
+            if point.images_per_s and point.predicted_images_per_s
+            else "-"
+        )
+        slowed = "-" if point.step_slowed is None else f"{point.step_slowed:+.0%}"
+        rows.append(
+            (
+                point.setting.removeprefix("DALI ") + (" (chosen)" if chosen else ""),
+                point.why,
+                IMAGES_PER_S.cell(point.predicted_images_per_s),
+                measured,
+                against,
+                NVJPG.cell(point.nvjpg_pct),
+                CPU.cell(point.threads_cpu_pct),
+                slowed,
+                point.holds or "-",
+                point.run_id or "",
+            )
+        )
+    return Grid(header, tuple(rows), frozenset({2, 3, 4, 5, 6, 7}))
+
+
+def dali_lines(dali: DaliRun, devices: Sequence[str]) -> list[str]:
+    """DALI's answer: the setting chosen against where the search started, what holds it
+    there with its evidence, the change as code, and what was not searched."""
+    if not dali.judged:
+        return [f"DALI: not measured{because(dali.reason)}"]
+    scope = job_scope(devices)
+    shown = IMAGES_PER_S.text(dali.images_per_s, dali.images_per_s_error)
+    line = f"DALI at its best measured, {dali.change.setting}: {shown}{scope}"
+    line += f", {DATA_WAIT.label} {DATA_WAIT.text(dali.data_wait_frac)}"
+    first = dali.first
+    if first is not None and dali.gain is not None:
+        start = IMAGES_PER_S.text(first.images_per_s, first.images_per_s_error)
+        line += (
+            f"; {dali.gain:+.0%} on where its search started, {first.setting} ({start}), of "
+            f"{len(dali.tried)} settings measured"
+        )
+    lines = [line + (f": {dali.advice}" if dali.advice else "")]
+    point = next((t for t in dali.tried if t.run_id == dali.run_id), None)
+    if dali.holds is not None and point is not None:
+        read = []
+        if point.nvjpg_pct is not None:
+            read.append(f"the hardware {NVJPG.label} {NVJPG.text(point.nvjpg_pct)} busy")
+        if point.threads_cpu_pct is not None:
+            read.append(
+                f"DALI's {dali.num_threads} threads using {CPU.text(point.threads_cpu_pct)}"
+            )
+        if point.step_slowed is not None:
+            read.append(f"the step {point.step_slowed:+.0%} against the consumer alone")
+        lines.append(f"what holds DALI there: {dali.holds} ({'; '.join(read)}, worst lane)")
+    lines.append(f"as code: {dali.pipeline.code}")
+    if dali.not_searched:
+        lines.append(f"not searched: {dali.not_searched}")
+    return lines
+
+
+def scaling_grid(scaling: Scaling) -> Grid:
+    """The job on 1 to N GPUs: the DataLoader's workers per GPU, and for each pipeline the
+    job's images/s predicted, measured where it was (against the prediction), and per GPU
+    (measured where it was, else predicted). DALI's setting is the same on every row
+    (`scaling_lines` says it)."""
+    device = scaling.device
+    header = [f"{device}s"]
+    pipelines = [(key, name) for key, name in ((TORCH, "DataLoader"), (DALI, "DALI"))
+                 if scaling.at(key, 1) is not None]  # fmt: skip
+    for key, name in pipelines:
+        header += [*(["workers"] if key == TORCH else []), f"{name} predicted",
+                   f"{name} measured", f"{name} per {device}"]  # fmt: skip
+    rows, numeric = [], {0}
+    for gpus in range(1, scaling.lanes + 1):
+        row = [str(gpus)]
+        for key, _ in pipelines:
+            point = scaling.at(key, gpus)
+            assert point is not None
+            rate = point.images_per_s
+            measured = IMAGES_PER_S.cell(
+                point.measured_images_per_s, point.measured_images_per_s_error
+            )
+            if point.error_frac is not None:
+                measured += f" ({point.error_frac:+.1%})"
+            if key == TORCH:
+                row.append(point.setting.removeprefix("num_workers="))
+            row += [
+                IMAGES_PER_S.cell(point.predicted_images_per_s),
+                measured,
+                IMAGES_PER_S.cell(None if rate is None else rate / gpus),
+            ]
+        rows.append(tuple(row))
+    numeric = set(range(len(header)))
+    return Grid(tuple(header), tuple(rows), frozenset(numeric))
+
+
+def scaling_lines(scaling: Scaling) -> list[str]:
+    """What the scaling table says: whose figures, the cores per GPU each pipeline needs to keep
+    up with the consumer alone, the GPUs this host's cores feed, and each check."""
+    device, cores = scaling.device, f"{scaling.cores:g}"
+    dali = scaling.at(DALI, 1)
+    lines = [
+        f"scaling on this host's {cores} cores, 1 to {scaling.lanes} {device}s, one process "
+        f"per {device}: images/s for the job, and per {device}; predicted from the runs on "
+        f"{scaling.lanes}"
+        + ("" if dali is None else f"; DALI as {dali.setting.removeprefix('DALI ')} on each")
+        + (f"; {scaling.unchecked}" if scaling.unchecked else "")
+    ]
+    alone = scaling.consumer_images_per_s
+    for key, name in ((TORCH, "the DataLoader"), (DALI, "DALI")):
+        need = scaling.cores_needed(key)
+        cpu_ms = scaling.cpu_ms(key)
+        if need is None or alone is None or cpu_ms is None:
+            continue
+        other = (
+            f" (less the {scaling.other_cores:.1f} other processes use)"
+            if scaling.other_cores >= 0.05
+            else ""
+        )
+        fed = scaling.feeds(key)
+        assert fed is not None  # known where the cores needed are
+        feeds = (
+            f"{fed:.1f} of a {device}'s worth"
+            if fed < 1
+            else f"{math.floor(fed)} {device}{'' if math.floor(fed) == 1 else 's'}"
+        )
+        lines.append(
+            f"{name} needs {need:.1f} cores per {device} to keep up with the consumer alone "
+            f"({alone:,.0f} images/s per {device}, {cpu_ms:.2f} ms of CPU per image): the "
+            f"host's {cores} cores{other} feed {feeds} at that rate"
+        )
+    for point in (p for p in scaling.points if p.error_frac is not None):
+        shown = IMAGES_PER_S.text(point.measured_images_per_s, point.measured_images_per_s_error)
+        lines.append(
+            f"checked on {point.gpus} {device}{'' if point.gpus == 1 else 's'}: "
+            f"{point.setting} predicted {IMAGES_PER_S.text(point.predicted_images_per_s)}, "
+            f"measured {shown} ({point.error_frac:+.1%} against the prediction"
+            + (
+                ", beyond its error and the drift between runs: the measured figure stands"
+                if point.missed
+                else ""
+            )
+            + f"; run {point.run_id})"
+        )
+    return lines

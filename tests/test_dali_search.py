@@ -1,0 +1,192 @@
+"""The doctor's DALI search, from recorded points: what it measures next, where it stops, what
+it answers, and what it leaves alone (no hardware decoder to read, the cpu decoder)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from probe.judge.changes import Change, DaliPipeline, to_dali
+from probe.judge.dali_model import SHARES, Host, best_predicted, candidates
+from probe.judge.dali_run import DaliRun, DaliTried
+from probe.judge.doctor.dali_search import MAX_POINTS, finish, search
+
+
+@dataclass(frozen=True)
+class World:
+    """A lane whose DALI follows the three terms, with terms the search does not know: CPU per
+    image `fixed + hybrid x (1 - share)`, a hardware decoder of `decoder` images/s, a consumer
+    of `alone` images/s slowed by `sm_fixed + sm_hybrid x (1 - share)`."""
+
+    cores: float = 4.0
+    alone: float = 3000.0
+    hybrid: float = 0.010  # core-seconds per image nvJPEG's CPU part takes
+    fixed: float = 0.0006
+    main: float = 0.00015
+    decoder: float = 2600.0
+    sm_fixed: float = 0.05
+    sm_hybrid: float = 0.6
+    nvjpg_read: bool = True
+
+    def rate(self, pipeline: DaliPipeline) -> tuple[float, str, float, float]:
+        """images/s, what holds it, the threads' CPU %, the step's slowdown."""
+        mixed = pipeline.decoder == "mixed"
+        share = (pipeline.hw_decoder_load or 0.0) if mixed else 0.0
+        per_image = self.fixed + self.hybrid * (1 - share) if mixed else 2.2 * self.hybrid
+        threads = min(0.95 * pipeline.num_threads / per_image, self.cores / (per_image + self.main))
+        decoder = self.decoder / share if share else float("inf")
+        slowed = self.sm_fixed + self.sm_hybrid * (1 - share) if mixed else 0.0
+        sms = self.alone / (1 + slowed)
+        consumer = "the SMs" if slowed else "nothing: the consumer sets the pace"
+        bounds = {"its CPU threads": threads, "the hardware decoder": decoder, consumer: sms}
+        holds = min(bounds, key=lambda k: bounds[k])
+        return bounds[holds], holds, per_image * bounds[holds] * 100, slowed
+
+    def measure(
+        self, pipeline: DaliPipeline, why: str, predicted: float | None, later: int
+    ) -> DaliTried:
+        rate, holds, threads_cpu, slowed = self.rate(pipeline)
+        nvjpg = rate * (pipeline.hw_decoder_load or 0.0) / self.decoder * 100
+        return DaliTried(
+            pipeline, why, predicted,
+            images_per_s=rate, images_per_s_error=rate * 0.02, run_id=pipeline.setting,
+            nvjpg_pct=nvjpg if pipeline.decoder == "mixed" and self.nvjpg_read else None,
+            threads_cpu_pct=threads_cpu, step_slowed=slowed if slowed > 0.05 else None,
+            holds=holds, lane_images_per_s=rate, main_cpu_pct=self.main * rate * 100,
+        )  # fmt: skip
+
+    def grid_best(self, threads: range, decoder: str = "mixed") -> float:
+        return max(
+            self.rate(DaliPipeline(decoder, t, s if decoder == "mixed" else None))[0]
+            for t in threads
+            for s in (SHARES if decoder == "mixed" else (None,))
+        )
+
+    def host(self) -> Host:
+        return Host(self.cores, self.alone, self.nvjpg_read)
+
+
+def always(later: int) -> str | None:
+    return None
+
+
+def run_search(world: World, start: DaliPipeline) -> tuple[DaliRun, list[DaliTried]]:
+    first = world.measure(start, "DALI's defaults", None, 1)
+    tried, stopped = search(first, world.host(), 1, world.measure, always, 1)
+    empty = DaliRun(start.decoder, start.num_threads, hw_decoder_load=start.hw_decoder_load)
+    return finish(empty, tried, world.host(), stopped), tried
+
+
+@pytest.mark.parametrize(
+    "world",
+    [
+        World(),  # 4 cores: the hardware decoder's share is most of the gain
+        World(cores=8.0),  # 8 cores
+        World(cores=16.0, decoder=4000.0),  # 16 cores: the SMs hold it
+        World(cores=4.0, decoder=1500.0),  # a slow hardware decoder: a share below 1 is best
+    ],
+    ids=["4 cores", "8 cores", "16 cores", "slow NVJPG"],
+)
+def test_the_search_reaches_its_grids_best_from_dalis_defaults(world: World) -> None:
+    start = DaliPipeline("mixed", int(world.cores), 0.65)
+    answer, tried = run_search(world, start)
+    best = world.grid_best(range(1, int(world.cores) + 1))
+    assert answer.images_per_s is not None
+    assert answer.images_per_s >= 0.95 * best
+    assert len(tried) <= MAX_POINTS
+    assert tried[0].pipeline == start and tried[0].predicted_images_per_s is None
+    # each point after the first was predicted before it was measured
+    assert all(t.predicted_images_per_s for t in tried[1:])
+    assert answer.first is tried[0] and answer.gain == pytest.approx(
+        answer.images_per_s / (tried[0].images_per_s or 1) - 1
+    )
+    assert answer.holds in {t.holds for t in tried}
+    assert answer.not_searched is None
+
+
+def test_a_starved_default_gains_most_where_cores_are_few() -> None:
+    answer, _ = run_search(World(), DaliPipeline("mixed", 4, 0.65))
+    assert answer.gain is not None and answer.gain > 0.8
+    assert answer.hw_decoder_load is not None and answer.hw_decoder_load > 0.65
+
+
+def test_where_nvml_cannot_read_the_hardware_decoder_the_share_is_not_searched() -> None:
+    world = World(nvjpg_read=False)
+    answer, tried = run_search(world, DaliPipeline("mixed", 4, 0.65))
+    assert {t.pipeline.hw_decoder_load for t in tried} == {0.65}
+    assert answer.not_searched is not None
+    assert "hw_decoder_load was not searched" in answer.not_searched
+    assert {c.hw_decoder_load for c in candidates(world.host(), "mixed")} == {0.65}
+
+
+def test_the_cpu_decoder_has_no_share_to_search() -> None:
+    world = World(cores=2.0, alone=5000.0, nvjpg_read=False)
+    host = Host(2.0, None, False)
+    assert {c.hw_decoder_load for c in candidates(host, "cpu")} == {None}
+    first = world.measure(DaliPipeline("cpu", 2), "the setting asked for", None, 1)
+    tried, stopped = search(first, host, 1, world.measure, always, 1)
+    answer = finish(DaliRun("cpu", 2), tried, host, stopped)
+    assert all(t.pipeline.decoder == "cpu" for t in tried)
+    assert answer.hw_decoder_load is None
+    assert answer.change.setting == "DALI decoder=cpu num_threads=2"
+    assert answer.not_searched is not None and "no hardware decoder's share" in answer.not_searched
+
+
+def test_where_the_sms_hold_mixed_the_cpu_decoder_is_measured_if_predicted_faster() -> None:
+    # many cores, a light CPU decode, a model the SMs share badly with nvJPEG
+    world = World(cores=64.0, alone=3000.0, hybrid=0.004, decoder=1200.0, sm_fixed=0.5)
+    answer, tried = run_search(world, DaliPipeline("mixed", 8, 0.65))
+    assert tried[-1].pipeline.decoder == "cpu"
+    assert "SMs hold" in tried[-1].why
+    assert answer.decoder == "cpu"
+
+
+def test_a_search_the_budget_ends_says_what_it_did_not_measure() -> None:
+    world = World()
+    first = world.measure(DaliPipeline("mixed", 4, 0.65), "DALI's defaults", None, 1)
+
+    def short(later: int) -> str | None:
+        return "the budget cannot fit it: --budget 240 would"
+
+    tried, stopped = search(first, world.host(), 1, world.measure, short, 1)
+    assert tried == [first]
+    assert stopped is not None and "was not measured: the budget cannot fit it" in stopped
+    answer = finish(DaliRun("mixed", 4, hw_decoder_load=0.65), tried, world.host(), stopped)
+    assert answer.change.setting == "DALI decoder=mixed num_threads=4 hw_decoder_load=0.65"
+    assert answer.not_searched == stopped
+
+
+def test_the_search_stops_where_nothing_is_predicted_faster_beyond_the_error() -> None:
+    # fed at the defaults, the step not slowed: the consumer alone is the most any setting
+    # can give, and the search says so rather than measure more
+    world = World(cores=16.0, alone=500.0, sm_fixed=0.0, sm_hybrid=0.0)
+    answer, tried = run_search(world, DaliPipeline("mixed", 16, 0.65))
+    assert len(tried) == 1
+    prediction = best_predicted([t.point for t in tried if t.point], world.host(), "mixed")
+    assert prediction is not None and prediction.holds == "consumer"
+    assert answer.images_per_s == world.alone and (answer.holds or "").startswith("nothing")
+
+
+def test_a_dali_change_writes_its_share_and_reads_back() -> None:
+    change = to_dali("mixed", 4, 0.9)
+    assert change.setting == "DALI decoder=mixed num_threads=4 hw_decoder_load=0.9"
+    assert Change.parse(change.setting) == change
+    assert Change.from_json(change.to_json()) == change
+    assert to_dali("cpu", 4, 0.9).setting == "DALI decoder=cpu num_threads=4"  # no share there
+    assert Change.parse("DALI decoder=mixed num_threads=8") == to_dali("mixed", 8)
+    assert isinstance(change.value, DaliPipeline)
+    code = change.value.code
+    assert "DaliOptions(num_threads=4, decoder=Decoder.MIXED, hw_decoder_load=0.9)" in code
+    assert 'fn.decoders.image(..., device="mixed", hw_decoder_load=0.9)' in code
+
+
+def test_a_doctors_dali_reads_back_with_its_search() -> None:
+    answer, tried = run_search(World(), DaliPipeline("mixed", 4, 0.65))
+    again = DaliRun.from_json(answer.to_json())
+    assert again == answer
+    assert again.tried == tuple(tried)
+    # a document written before the search: one setting, no share
+    old = {k: v for k, v in answer.to_json().items() if k not in ("tried", "holds", "code")}
+    old["setting"] = "DALI decoder=mixed num_threads=8"
+    assert DaliRun.from_json(old).hw_decoder_load is None
