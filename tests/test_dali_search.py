@@ -34,7 +34,11 @@ class World:
         mixed = pipeline.decoder == "mixed"
         share = (pipeline.hw_decoder_load or 0.0) if mixed else 0.0
         per_image = self.fixed + self.hybrid * (1 - share) if mixed else 2.2 * self.hybrid
-        threads = min(0.95 * pipeline.num_threads / per_image, self.cores / (per_image + self.main))
+        feeder = 0.5 if mixed else 0.0  # the thread that feeds DALI's GPU stage
+        threads = min(
+            0.95 * (pipeline.num_threads + feeder) / per_image,
+            self.cores / (per_image + self.main),
+        )
         decoder = self.decoder / share if share else float("inf")
         slowed = self.sm_fixed + self.sm_hybrid * (1 - share) if mixed else 0.0
         sms = self.alone / (1 + slowed)

@@ -5,8 +5,8 @@ A lane's DALI is held by the least of three rates:
 
 - its CPU threads: each image costs them `fixed + hybrid x (1 - share)` core-seconds (nvJPEG's
   CPU + CUDA path decodes the share not sent to the hardware decoder, and its Huffman decoding
-  is on the threads), on at most `num_threads` cores and what the lane's cores leave after its
-  training loop's thread;
+  is on the threads), on at most `num_threads` cores (and, for `mixed`, the thread that feeds
+  its GPU stage) and what the lane's cores leave after its training loop's thread;
 - the hardware JPEG decoder (NVJPG): `share` of the images, at most the images/s it measured
   per busy share;
 - the SMs: the consumer alone's rate, slowed by DALI's kernels on its GPU, a part for every
@@ -32,6 +32,10 @@ FIXED_CPU_PRIOR = 0.15  # a point's thread CPU per image that a share does not m
 FIXED_SM_PRIOR = 0.25  # a point's step slowdown that a share does not move (resize, normalize)
 NVJPG_MIN_PCT = 3.0  # below this the decoder's rate per busy share is not read
 CPU_DECODE_PRIOR = 2.0  # the cpu decoder's CPU per image against nvJPEG's CPU part of it
+# The thread that feeds `mixed`'s GPU stage, beside `num_threads`: on an H200 with ResNet-50 on
+# camera-sized JPEGs, 1 and 2 threads at hw_decoder_load 1 read 131% and 190% of a core while
+# one thread held the first (data-wait 41%): about half a core more than the threads.
+FEEDER_CORES = 0.5
 DECODER_FULL = 0.97  # the hardware decoder's busy share taken as full
 CALIBRATION = (0.7, 1.4)  # the measured/modelled ratio a prediction is scaled by, bounded
 CLOSE = 0.02  # settings predicted within this share of the best: the fewest threads is chosen
@@ -138,8 +142,10 @@ def _model(points: Sequence[DaliPoint], host: Host, pipeline: DaliPipeline) -> P
             return None
         per_image = min(p.threads_cpu_pct / 100 / p.images_per_s for p in same if p.threads_cpu_pct)
     if per_image > 0:
-        # r x per_image <= threads' cores, and r x (per_image + main) <= the lane's cores
-        threads = THREADS_SATURATED * pipeline.num_threads
+        # r x per_image <= threads' cores, and r x (per_image + main) <= the lane's cores; the
+        # threads' CPU read counts, for `mixed`, the thread that feeds DALI's GPU stage too
+        extra = FEEDER_CORES if pipeline.decoder == "mixed" else 0.0
+        threads = THREADS_SATURATED * (pipeline.num_threads + extra)
         bounds["threads"] = min(threads / per_image, host.cores / (per_image + main_per_image))
     if pipeline.decoder == "mixed" and share > 0:
         decoder = _decoder_rate(points)
@@ -156,14 +162,14 @@ def _model(points: Sequence[DaliPoint], host: Host, pipeline: DaliPipeline) -> P
 
 
 def predict(points: Sequence[DaliPoint], host: Host, pipeline: DaliPipeline) -> Prediction | None:
-    """The images/s per lane `pipeline` would give, scaled by measured/modelled at the nearest
-    point measured of its decoder (None: nothing measured to read it from)."""
+    """The images/s per lane `pipeline` would give: the model, scaled by measured/modelled at
+    the nearest point measured of its decoder where the same term holds both (a term the model
+    misjudges there, it misjudges alike here), never above the consumer alone (None: nothing
+    measured to read it from)."""
     modelled = _model(points, host, pipeline)
     if modelled is None:
         return None
     same = [p for p in points if p.pipeline.decoder == pipeline.decoder and p.images_per_s > 0]
-    if not same:
-        return modelled
     target = DaliPoint(pipeline, 0.0, None, None, None, None)
     nearest = min(
         same,
@@ -171,13 +177,16 @@ def predict(points: Sequence[DaliPoint], host: Host, pipeline: DaliPipeline) -> 
             abs(p.share - target.share),
             abs(p.pipeline.num_threads - pipeline.num_threads),
         ),
+        default=None,
     )
-    at_nearest = _model(points, host, nearest.pipeline)
-    if at_nearest is None or at_nearest.images_per_s <= 0:
-        return modelled
-    low, high = CALIBRATION
-    ratio = min(high, max(low, nearest.images_per_s / at_nearest.images_per_s))
-    return Prediction(pipeline, modelled.images_per_s * ratio, modelled.holds)
+    at_nearest = None if nearest is None else _model(points, host, nearest.pipeline)
+    rate = modelled.images_per_s
+    if nearest is not None and at_nearest is not None and at_nearest.holds == modelled.holds:
+        low, high = CALIBRATION
+        rate *= min(high, max(low, nearest.images_per_s / at_nearest.images_per_s))
+    if host.consumer_images_per_s:
+        rate = min(rate, host.consumer_images_per_s)
+    return Prediction(pipeline, rate, modelled.holds)
 
 
 def candidates(host: Host, decoder: str) -> list[DaliPipeline]:
