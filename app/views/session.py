@@ -15,7 +15,7 @@ from app import common
 from probe.judge.results import Session, SessionKind
 from probe.metrics import DATA_WAIT, IMAGES_PER_S
 from probe.present import charts as figures
-from probe.present.doctor_tables import doctor_notes, scaling_grid, scaling_lines
+from probe.present.doctor_tables import dali_grid, doctor_notes, scaling_grid, scaling_lines
 from probe.present.tables import (
     curve_lines,
     job_scope,
@@ -57,7 +57,8 @@ def answer(session: Session) -> None:
         )
     if dali is not None:
         cols[2].metric(
-            f"DALI, {dali.decoder} decoder, {dali.num_threads} threads",
+            f"DALI, {dali.decoder} decoder, {dali.num_threads} threads"
+            + ("" if dali.hw_decoder_load is None else f", share {dali.hw_decoder_load:g}"),
             "not measured"
             if dali.images_per_s is None
             else IMAGES_PER_S.cell(dali.images_per_s, dali.images_per_s_error),
@@ -78,6 +79,12 @@ def answer(session: Session) -> None:
     notes = doctor_notes(session)
     if notes:
         st.markdown("\n".join(f"- {common.markdown_text(line)}" for line in notes))
+    if dali is not None and len(dali.tried) > 1:
+        st.markdown("**DALI's settings searched** (each chosen by what the ones before measured)")
+        st.dataframe(
+            dali_grid(dali, session.devices).records(), hide_index=True, width="stretch",
+            key="session-dali-search",
+        )  # fmt: skip
     if session.scaling is not None:
         scaling = session.scaling
         st.markdown(f"**From 1 {scaling.device} to {scaling.lanes}** (on this host's cores)")

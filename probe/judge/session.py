@@ -138,16 +138,20 @@ class Budget:
             self.batch_s.append(measured_s / batches)
 
 
+SHARE_PCT = "hw_decoder_load_pct"  # DALI's hw_decoder_load as a whole percent (a sweep's knob)
+
+
 def with_setting(config: ProbeConfig, knob: str, value: float) -> ProbeConfig:
-    """The same probe with `num_workers` (DataLoader), `num_threads` or `hw_decoder_load`
-    (DALI) set to `value`."""
+    """The same probe with `num_workers` (DataLoader), `num_threads`, `hw_decoder_load` or
+    `hw_decoder_load_pct` (DALI) set to `value`."""
     spec = config.spec
     if knob == Knob.NUM_WORKERS.value:
         spec = replace(spec, dataloader=replace(spec.dataloader, num_workers=int(value)))
         return replace(config, backend=Backend.TORCH, spec=spec, label=f"num_workers={value}")
-    if knob == Knob.HW_DECODER_LOAD.value:
-        spec = replace(spec, dali=replace(spec.dali, hw_decoder_load=float(value)))
-        label = f"DALI hw_decoder_load={value:g}"
+    if knob in (Knob.HW_DECODER_LOAD.value, SHARE_PCT):
+        share = value / 100 if knob == SHARE_PCT else float(value)
+        spec = replace(spec, dali=replace(spec.dali, hw_decoder_load=share))
+        label = f"DALI hw_decoder_load={share:g}"
         return replace(config, backend=Backend.DALI, spec=spec, label=label)
     spec = replace(spec, dali=replace(spec.dali, num_threads=int(value)))
     return replace(config, backend=Backend.DALI, spec=spec, label=f"DALI num_threads={value}")

@@ -259,8 +259,10 @@ def sweep(
     backend: str,
     values: str | None,
     budget: float,
+    knob: str | None,
 ) -> int:
-    """Sweep DataLoader workers (or DALI threads): each setting a run; find the knee.
+    """Sweep DataLoader workers (or DALI threads, or DALI's hardware decoder's share): each
+    setting a run; find the knee.
 
     The lanes start once and stay warm; each setting rebuilds only the pipeline and is measured
     until its images/s is known within --precision. The knee is the smallest setting not
@@ -268,7 +270,7 @@ def sweep(
     it are flagged oversubscribed. The sweep stops once throughput has clearly fallen past its
     peak, and drops the settings its budget cannot fit.
     """
-    return measuring.sweep(pipeline, lanes, as_json, db, Backend(backend), values, budget)
+    return measuring.sweep(pipeline, lanes, as_json, db, Backend(backend), values, budget, knob)
 
 
 @cli.command()

@@ -292,14 +292,30 @@ def sweep(
     backend: Backend,
     values: str | None,
     budget: float,
+    knob: str | None = None,
 ) -> int:
     """`probe sweep`: one knob over settings, each a run on lanes kept warm."""
+    from probe.judge.dali_model import SHARES
     from probe.judge.knee import ladder
+    from probe.judge.session import SHARE_PCT
     from probe.judge.sweep import run_sweep
 
-    knob = "num_workers" if backend is Backend.TORCH else "num_threads"
+    if backend is Backend.TORCH:
+        if knob not in (None, "num_workers"):
+            raise InputError(f"--knob {knob} is DALI's: give --pipeline dali")
+        knob = "num_workers"
+    knob = knob or "num_threads"
     config, store, started = _prepared(pipeline, lanes, db, backend, session=("sweep", budget))
-    settings = _int_list(values, "--values") if values else ladder(_cores_per_lane(config))
+    if knob == "hw_decoder_load":  # swept in whole percent: a setting is a whole number
+        if config.lane_spec(config.lanes[0]).dali_decoder.value != "mixed":
+            raise InputError(
+                "--knob hw_decoder_load: the share goes to the hardware decoder of DALI's mixed "
+                "decoder, which needs a GPU (--gpus) and --decoder mixed"
+            )
+        shares = _share_list(values) if values else list(SHARES)
+        knob, settings = SHARE_PCT, [round(share * 100) for share in shares]
+    else:
+        settings = _int_list(values, "--values") if values else ladder(_cores_per_lane(config))
     console.err.print(
         f"sweep: {knob} over {', '.join(map(str, settings))}; consumer {config.consumer}; "
         f"each until images/s is known within {config.precision:.0%}; budget {budget:g} s; "
@@ -419,6 +435,21 @@ def _int_list(text: str, option: str) -> list[int]:
         raise InputError(f"{option} takes whole numbers like 2,4,8 (got {text!r})") from None
     if not values or min(values) < 0:
         raise InputError(f"{option} takes whole numbers >= 0 like 2,4,8 (got {text!r})")
+    return values
+
+
+def _share_list(text: str) -> list[float]:
+    """`0.65,0.9,1` -> [0.65, 0.9, 1.0].
+
+    Raises:
+        InputError: anything but shares within 0..1.
+    """
+    try:
+        values = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise InputError(f"--values takes shares like 0.65,0.9,1 (got {text!r})") from None
+    if not values or not all(0 <= v <= 1 for v in values):
+        raise InputError(f"--values takes shares within 0..1 like 0.65,0.9,1 (got {text!r})")
     return values
 
 

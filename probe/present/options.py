@@ -185,6 +185,11 @@ FLAGS: tuple[Flag, ...] = (
          group="lanes", from_stored=lambda stall: "auto" if stall is None else decimal(stall)),
     Flag("--label", "label", None, str, None, "A name for the run, shown in listings.",
          group="command", commands=("run",)),
+    Flag("--knob", "knob", None, ("num_threads", "hw_decoder_load"), None,
+         "DALI's knob to sweep: num_threads, or hw_decoder_load (mixed: the share of JPEGs to "
+         "the hardware decoder, shown in whole percent; --values as shares, 0.65,0.9,1).  "
+         "[default: num_threads]",
+         group="command", commands=("sweep",), backend=Backend.DALI),
     Flag("--values", "values", None, str, None,
          "Settings to try, e.g. 2,4,8,16.  [default: powers of two up to the cores per GPU, "
          "and one step past]",

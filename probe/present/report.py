@@ -36,7 +36,7 @@ from probe.judge.results import (
 from probe.judge.verdicts import Verdict, VerdictKind
 from probe.metrics import IMAGES_PER_S, MEMORY, STAGE_TIME, STAGES
 from probe.present import charts
-from probe.present.doctor_tables import scaling_grid, scaling_lines
+from probe.present.doctor_tables import dali_grid, dali_lines, scaling_grid, scaling_lines
 from probe.present.jsontext import json_text
 from probe.present.options import reproduce_command
 from probe.present.tables import (
@@ -414,6 +414,10 @@ def _session_html(report: Report) -> str:
         )
     elif dali is not None and dali.reason:
         out.append(f"<p>DALI: not measured: {_prose(dali.reason)}</p>")
+    if dali is not None and len(dali.tried) > 1:
+        out.append("<h2>DALI's settings searched</h2>")
+        out.append(_grid(dali_grid(dali, session.devices)))
+        out += [f"<p class='note'>{_prose(line)}</p>" for line in dali_lines(dali, session.devices)]
     if session.kind is SessionKind.DOCTOR:
         lines = epochs_lines(session.epochs)
         alone = consumer_line(session)
