@@ -303,6 +303,7 @@ def reproduced(config: ProbeConfig) -> list[str]:
         ["--gpus", "0,1", "--batches", "20", "--consumer", "sleep:12.5"],
         ["--pipeline", "dali", "--precision", "0.05"],  # every visible GPU
         ["--pipeline", "dali", "--gpus", "1", "--decoder", "mixed"],
+        ["--pipeline", "dali", "--gpus", "0", "--threads", "2", "--hw-decoder-load", "0.95"],
     ],
 )  # fmt: skip
 def test_the_reproduced_command_parses_to_the_same_config(

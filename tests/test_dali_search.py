@@ -3,7 +3,10 @@ it answers, and what it leaves alone (no hardware decoder to read, the cpu decod
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -194,3 +197,49 @@ def test_a_doctors_dali_reads_back_with_its_search() -> None:
     old = {k: v for k, v in answer.to_json().items() if k not in ("tried", "holds", "code")}
     old["setting"] = "DALI decoder=mixed num_threads=8"
     assert DaliRun.from_json(old).hw_decoder_load is None
+
+
+H200_GRID = Path(__file__).parent / "data" / "dali_grid_h200_4cores.json"
+
+
+def recorded_world() -> tuple[dict[DaliPipeline, dict[str, Any]], Host]:
+    """DALI mixed on one H200 held to 4 cores, ResNet-50, camera-sized JPEGs: every setting
+    of threads 1-4 x hw_decoder_load 0.65-1, 20 s each (tests/benchmarks/dali_grid.py)."""
+    grid = json.loads(H200_GRID.read_text())
+    rows = {Change.parse(row["setting"]).value: row for row in grid["rows"]}
+    host = Host(float(grid["cores"]), grid["consumer_alone_images_per_s"], True)
+    return {p: row for p, row in rows.items() if isinstance(p, DaliPipeline)}, host
+
+
+def recorded(rows: dict[DaliPipeline, dict[str, Any]]) -> Any:
+    def measure(pipeline: DaliPipeline, why: str, predicted: float | None, later: int) -> DaliTried:
+        row = rows[pipeline]  # a setting the grid did not measure fails the test here
+        threads = row["threads_cpu_pct"]
+        return DaliTried(
+            pipeline, why, predicted,
+            images_per_s=row["images_per_s"], images_per_s_error=row["images_per_s_error"],
+            run_id=row["run_id"], nvjpg_pct=row["nvjpg_pct"], threads_cpu_pct=threads,
+            step_slowed=row["step_slowed"], data_wait_frac=row["data_wait_frac"],
+            lane_images_per_s=row["images_per_s"], main_cpu_pct=row["cpu_pct"] - threads,
+        )  # fmt: skip
+
+    return measure
+
+
+@pytest.mark.parametrize("threads", [4, 3, 2, 1])
+def test_on_recorded_h200_points_the_search_finds_the_grids_best(threads: int) -> None:
+    """From DALI's defaults (4 threads, 0.65: 1,373 images/s) the grid's best is 3,191 at 2
+    threads and a share of 1; from any thread count at 0.65, the search ends within 5% of it,
+    in at most MAX_POINTS settings, each predicted before it was measured."""
+    rows, host = recorded_world()
+    measure = recorded(rows)
+    start = DaliPipeline("mixed", threads, 0.65)
+    first = measure(start, "the setting asked for", None, 1)
+    tried, stopped = search(first, host, 1, measure, always, 1)
+    answer = finish(DaliRun("mixed", threads, hw_decoder_load=0.65), tried, host, stopped)
+    best = max(row["images_per_s"] for row in rows.values())
+    assert answer.images_per_s is not None and answer.images_per_s >= 0.95 * best
+    assert len(tried) <= MAX_POINTS and stopped is None
+    if threads == 4:  # DALI's defaults here
+        assert answer.images_per_s >= 1.8 * (first.images_per_s or 0.0)
+        assert len(tried) <= 2  # the first prediction lands on it

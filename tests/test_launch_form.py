@@ -161,10 +161,15 @@ def test_a_changed_field_is_the_only_flag_sent(
     at.number_input(key="launch-run-threads").set_value(2)
     at.text_input(key="launch-run-consumer").input("")  # cleared: the CLI's default
     at.button[0].click().run()
+    at.radio(key="launch-command").set_value("sweep").run()
+    at.selectbox(key="launch-sweep-pipeline").set_value("dali").run()
+    at.number_input(key="launch-sweep-hw-decoder-load").set_value(0.9)
+    at.button[0].click().run()
     assert not at.exception
     assert [form.argv() for form in started] == [
         ["doctor", "--gpus", "none", "--no-persistent-workers", "--budget", "90"],
         ["run", "--pipeline", "dali", "--gpus", "none", "--threads", "2"],
+        ["sweep", "--pipeline", "dali", "--gpus", "none", "--hw-decoder-load", "0.9"],
     ]
 
 
