@@ -73,11 +73,23 @@ class Host:
     hardware_decoder: bool  # NVJPG read: the share can be searched
 
 
+TERMS = {
+    "threads": "DALI's threads",
+    "decoder": "the hardware decoder",
+    "sms": "the SMs",
+    "consumer": "the consumer",
+}
+
+
 @dataclass(frozen=True)
 class Prediction:
     pipeline: DaliPipeline
     images_per_s: float
-    holds: str  # which term bounds it: "threads", "decoder", "sms" or "consumer"
+    holds: str  # which term bounds it: a key of TERMS
+
+    @property
+    def holds_text(self) -> str:
+        return TERMS[self.holds]
 
 
 def _cpu_terms(points: Sequence[DaliPoint]) -> tuple[float, float] | None:

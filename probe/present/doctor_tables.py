@@ -95,12 +95,12 @@ def doctor_notes(session: Session) -> list[str]:
 
 
 def dali_grid(dali: DaliRun, devices: Sequence[str]) -> Grid:
-    """The DALI settings the doctor's search measured, in order: why each, what was predicted
-    and measured (images/s for the job), and what each lane's worst read: the hardware
-    decoder's busy share, DALI's threads' CPU, the step against the consumer alone, what held
-    it."""
+    """The DALI settings the doctor's search measured, in order (decoder, num_threads and
+    hw_decoder_load, the hardware decoder's share): why each, what was predicted and measured
+    (images/s for the job), and what each lane's worst read: the hardware decoder's busy share,
+    DALI's threads' CPU, the step against the consumer alone, what held it."""
     header = (
-        "DALI setting",
+        "decoder, threads, share",
         "why",
         "predicted",
         IMAGES_PER_S.heading + job_scope(devices),
@@ -125,9 +125,12 @@ def dali_grid(dali: DaliRun, devices: Sequence[str]) -> Grid:
             else "-"
         )
         slowed = "-" if point.step_slowed is None else f"{point.step_slowed:+.0%}"
+        pipeline = point.pipeline
+        share = "-" if pipeline.hw_decoder_load is None else f"{pipeline.hw_decoder_load:g}"
         rows.append(
             (
-                point.setting.removeprefix("DALI ") + (" (chosen)" if chosen else ""),
+                f"{pipeline.decoder}, {pipeline.num_threads}, {share}"
+                + (" (chosen)" if chosen else ""),
                 point.why,
                 IMAGES_PER_S.cell(point.predicted_images_per_s),
                 measured,

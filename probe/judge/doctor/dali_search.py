@@ -18,6 +18,7 @@ from dataclasses import replace
 from probe.judge.changes import Change, DaliPipeline
 from probe.judge.dali_model import (
     CLOSE,
+    DEFAULT_LOAD,
     DaliPoint,
     Host,
     Prediction,
@@ -106,8 +107,7 @@ def search(
         if stopped is not None:
             stopped = f"{wanted.pipeline.setting} was not measured: {stopped}"
             break
-        count = "the first point" if len(tried) == 1 else f"{len(tried)} points"
-        why = f"predicted fastest ({wanted.holds} would hold it) from what {count} measured"
+        why = f"predicted fastest; {wanted.holds_text} would hold it"
         tried.append(measure(wanted.pipeline, why, wanted.images_per_s * lanes, left))
     best = _best(tried)
     if decoder == "mixed" and best.holds == HOLDS[VerdictKind.GPU_SHARED] and stopped is None:
@@ -120,7 +120,7 @@ def search(
             and predicted >= best.images_per_s * (1 + MIN_GAIN)
             and fits(later) is None
         ):
-            why = "the SMs hold mixed at its best: the cpu decoder leaves them to the model"
+            why = "the SMs hold mixed: the cpu decoder frees them"
             tried.append(measure(DaliPipeline("cpu", threads), why, predicted, later))
     return tried, stopped
 
@@ -149,9 +149,9 @@ def _cores_per_lane(session: WarmSession, first: DaliTried) -> float:
 
 
 def _first_why(start: DaliPipeline) -> str:
-    if start.decoder == "mixed" and start.hw_decoder_load == 0.65:
-        return "DALI's defaults: the search starts from them"
-    return "the setting asked for: the search starts from it"
+    if start.decoder == "mixed" and start.hw_decoder_load == DEFAULT_LOAD:
+        return "DALI's defaults"
+    return "the setting asked for"
 
 
 def _share_note(decoder: str) -> str:
