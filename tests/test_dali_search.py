@@ -14,6 +14,8 @@ from probe.judge.changes import Change, DaliPipeline, to_dali
 from probe.judge.dali_model import SHARES, Host, best_predicted, candidates
 from probe.judge.dali_run import DaliRun, DaliTried
 from probe.judge.doctor.dali_search import MAX_POINTS, finish, search
+from probe.judge.scaling import predict as predict_scaling
+from probe.present.doctor_tables import scaling_lines
 
 
 @dataclass(frozen=True)
@@ -243,3 +245,14 @@ def test_on_recorded_h200_points_the_search_finds_the_grids_best(threads: int) -
     if threads == 4:  # DALI's defaults here
         assert answer.images_per_s >= 1.8 * (first.images_per_s or 0.0)
         assert len(tried) <= 2  # the first prediction lands on it
+
+
+def test_the_scaling_lines_name_the_dali_setting_found() -> None:
+    """The job from 1 GPU to N is predicted from the DALI the search chose, and says which."""
+    dali = DaliRun("mixed", 2, images_per_s=6_400.0, images_per_s_error=60.0, run_id="r",
+                   cpu_pct=380.0, hw_decoder_load=1.0)  # fmt: skip
+    scaling = predict_scaling(None, dali, 4_100.0, 2, 16.0, on_gpu=True)
+    assert scaling is not None
+    text = "\n".join(scaling_lines(scaling))
+    assert "DALI as decoder=mixed num_threads=2 hw_decoder_load=1 on each" in text
+    assert "DALI needs 2.4 cores per GPU" in text

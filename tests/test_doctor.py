@@ -52,8 +52,16 @@ def test_a_starved_job_on_camera_sized_images_gets_an_answer(tmp_path: Path) -> 
     assert verdict is not None and verdict["data_wait_frac"] > 0.2  # starved
     yours = next(p for p in document["sweep"] if p["num_workers"] == 2)
     assert yours["images_per_s"] > 0 and yours["images_per_s_error"] is not None
-    assert document["dali"]["images_per_s"], document["dali"]["reason"]
-    assert document["dali"]["images_per_s_error"] is not None
+    dali = document["dali"]
+    assert dali["images_per_s"], dali["reason"]
+    assert dali["images_per_s_error"] is not None
+    # DALI's search on the CPU: the cpu decoder, threads alone, its first point the answer's
+    # figures or a faster one, and why the share was not searched
+    assert dali["tried"] and dali["tried"][0]["setting"] == "DALI decoder=cpu num_threads=2"
+    assert all(t["pipeline"]["hw_decoder_load"] is None for t in dali["tried"])
+    assert dali["run_id"] in {t["run_id"] for t in dali["tried"]}
+    assert "no hardware decoder's share to search" in dali["not_searched"]
+    assert dali["code"].startswith("DaliOptions(num_threads=")
     assert document["recommendations"]
     skip_on_a_busy_host(document)
     assert verdict["kind"] == "starved_cpu_saturated"
