@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from helpers import probe_cli
 from probe.judge.changes import Change, DaliPipeline, to_dali
 from probe.judge.dali_model import SHARES, Host, best_predicted, candidates
 from probe.judge.dali_run import DaliRun, DaliTried
@@ -129,6 +130,37 @@ def test_where_nvml_cannot_read_the_hardware_decoder_the_share_is_not_searched()
     assert {c.hw_decoder_load for c in candidates(world.host(), "mixed")} == {0.65}
 
 
+@pytest.mark.parametrize("share", [0.8, 1.0])
+def test_unread_the_share_stays_where_it_started(share: float) -> None:
+    """No NVJPG reading: the threads are searched at the share the search started from."""
+    world = World(nvjpg_read=False)
+    first = world.measure(DaliPipeline("mixed", 4, share), "the setting asked for", None, 1)
+    host = Host(world.cores, world.alone, False, share)
+    tried, stopped = search(first, host, 1, world.measure, always, 1)
+    assert {t.pipeline.hw_decoder_load for t in tried} == {share}
+    answer = finish(DaliRun("mixed", 4, hw_decoder_load=share), tried, host, stopped)
+    assert answer.hw_decoder_load == share
+    assert answer.not_searched is not None and "was not searched" in answer.not_searched
+
+
+def test_the_cpu_decoder_on_a_gpu_says_it_has_no_share() -> None:
+    world = World(cores=4.0)
+    host = Host(4.0, world.alone, True)
+    first = world.measure(DaliPipeline("cpu", 4), "the setting asked for", None, 1)
+    tried, stopped = search(first, host, 1, world.measure, always, 1)
+    answer = finish(DaliRun("cpu", 4), tried, host, stopped)
+    assert answer.not_searched is not None and "no hardware decoder's share" in answer.not_searched
+
+
+def test_a_search_with_nothing_judged_has_no_answer() -> None:
+    first = DaliTried(DaliPipeline("mixed", 4, 0.65), "DALI's defaults", None, reason="failed")
+    host = World().host()
+    tried, stopped = search(first, host, 1, World().measure, always, 1)
+    assert tried == [first] and stopped is not None
+    answer = finish(DaliRun("mixed", 4, hw_decoder_load=0.65), tried, host, stopped)
+    assert not answer.judged and answer.reason == stopped
+
+
 def test_the_cpu_decoder_has_no_share_to_search() -> None:
     world = World(cores=2.0, alone=5000.0, nvjpg_read=False)
     host = Host(2.0, None, False)
@@ -146,6 +178,7 @@ def test_where_the_sms_hold_mixed_the_cpu_decoder_is_measured_if_predicted_faste
     # many cores, a light CPU decode, a model the SMs share badly with nvJPEG
     world = World(cores=64.0, alone=3000.0, hybrid=0.004, decoder=1200.0, sm_fixed=0.5)
     answer, tried = run_search(world, DaliPipeline("mixed", 8, 0.65))
+    assert len(tried) <= MAX_POINTS
     assert tried[-1].pipeline.decoder == "cpu"
     assert "the SMs hold mixed" in tried[-1].why
     assert answer.decoder == "cpu"
@@ -256,3 +289,39 @@ def test_the_scaling_lines_name_the_dali_setting_found() -> None:
     text = "\n".join(scaling_lines(scaling))
     assert "DALI as decoder=mixed num_threads=2 hw_decoder_load=1 on each" in text
     assert "DALI needs 2.4 cores per GPU" in text
+
+
+def test_a_sweep_of_the_share_sets_it_in_whole_percent(tmp_path: Path) -> None:
+    from probe.judge.session import SHARE_PCT, with_setting
+    from probe.present.options import config_of
+
+    config = config_of("run", {"gpus": "none", "backend": "dali", "data_dir": tmp_path})
+    swept = with_setting(config, SHARE_PCT, 90)
+    assert swept.spec.dali.hw_decoder_load == pytest.approx(0.9)
+    assert swept.label == "DALI hw_decoder_load=0.9"
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--knob", "hw_decoder_load", "--gpus", "none"], "--pipeline dali"),
+        (["--pipeline", "dali", "--knob", "hw_decoder_load", "--gpus", "none"],
+         "needs a GPU (--gpus) and --decoder mixed"),
+        (["--pipeline", "dali", "--knob", "threads"], "Invalid value for '--knob'"),
+    ],
+)  # fmt: skip
+def test_a_sweep_of_the_share_refuses_what_has_no_share(
+    tmp_path: Path, flags: list[str], message: str
+) -> None:
+    result = probe_cli("sweep", *flags, "--db", tmp_path / "s.db")
+    assert result.returncode == 2
+    assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_run_refuses_a_share_outside_0_to_1(tmp_path: Path) -> None:
+    result = probe_cli("run", "--pipeline", "dali", "--gpus", "none", "--hw-decoder-load",
+                       "1.5", "--db", tmp_path / "s.db")  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: hw_decoder_load must be within 0..1 (got 1.5)"
+    )

@@ -13,8 +13,9 @@ A lane's DALI is held by the least of three rates:
   image (resize, normalize) and a part for the images nvJPEG decodes on the SMs.
 
 One measured point fixes each term with a prior split; two at different shares fit it. A
-prediction is scaled by the ratio measured/modelled at the nearest point measured, so that the
-model answers for what it does not know in proportion, and each prediction meets its measurement.
+prediction is scaled by the ratio measured/modelled at the nearest point measured where the same
+term holds both (within CALIBRATION), never above the consumer alone; the search shows each
+prediction beside what its point then measured.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ class Host:
     cores: float  # the cores per lane
     consumer_images_per_s: float | None  # the consumer alone, per lane (None: no consumer)
     hardware_decoder: bool  # NVJPG read: the share can be searched
+    share: float = DEFAULT_LOAD  # mixed's share where it is not searched: the one it started at
 
 
 TERMS = {
@@ -206,18 +208,22 @@ def predict(points: Sequence[DaliPoint], host: Host, pipeline: DaliPipeline) -> 
 
 def candidates(host: Host, decoder: str) -> list[DaliPipeline]:
     """The settings the search weighs for `decoder`: 1 thread to the lane's cores, and for
-    `mixed` each share of SHARES where the hardware decoder is read (else DALI's default)."""
+    `mixed` each share of SHARES where the hardware decoder is read (else the one it started
+    at)."""
     threads = range(1, max(1, math.floor(host.cores + 1e-9)) + 1)
     if decoder != "mixed":
         return [DaliPipeline(decoder, t) for t in threads]
-    shares = SHARES if host.hardware_decoder else (DEFAULT_LOAD,)
+    shares = SHARES if host.hardware_decoder else (host.share,)
     return [DaliPipeline(decoder, t, s) for t in threads for s in shares]
 
 
 def best_predicted(points: Sequence[DaliPoint], host: Host, decoder: str) -> Prediction | None:
-    """The setting of `decoder` predicted fastest; among those within CLOSE of it, the fewest
-    threads, then the smallest share (a larger one lengthens the hardware decoder's tail)."""
-    predicted = [p for p in (predict(points, host, c) for c in candidates(host, decoder)) if p]
+    """The setting of `decoder` not yet measured that is predicted fastest; among those within
+    CLOSE of it, the fewest threads, then the smallest share (a larger one lengthens the
+    hardware decoder's tail)."""
+    measured = {p.pipeline for p in points}
+    weighed = [c for c in candidates(host, decoder) if c not in measured]
+    predicted = [p for p in (predict(points, host, c) for c in weighed) if p]
     if not predicted:
         return None
     top = max(p.images_per_s for p in predicted)

@@ -12,6 +12,12 @@ from typing import Any
 from probe.judge.changes import Change, DaliPipeline
 from probe.judge.dali_model import DaliPoint
 
+# What holds a DALI setting, as the search names it from its run's verdict.
+HELD_BY_THREADS = "its CPU threads"
+HELD_BY_DECODER = "the hardware decoder"
+HELD_BY_SMS = "the SMs"
+HELD_BY_NOTHING = "nothing: the consumer sets the pace"
+
 
 @dataclass(frozen=True)
 class CoresFreed:
@@ -158,6 +164,23 @@ class DaliRun:
         if first is None or not self.images_per_s or not first.images_per_s:
             return None
         return self.images_per_s / first.images_per_s - 1
+
+    @property
+    def remedy(self) -> str | None:
+        """What would lift what holds it, first (None: nothing holds it, or not known)."""
+        share = self.hw_decoder_load
+        larger = self.decoder == "mixed" and share is not None and share < 1
+        if self.holds == HELD_BY_THREADS:
+            if larger:
+                return "a larger hw_decoder_load (fewer JPEGs on the threads), then more threads"
+            return "more threads, up to the cores per GPU, or more cores"
+        if self.holds == HELD_BY_DECODER:
+            return "a smaller hw_decoder_load, where the threads have room"
+        if self.holds == HELD_BY_SMS:
+            if larger:
+                return "a larger hw_decoder_load (fewer JPEGs decoded on the SMs)"
+            return "the cpu decoder, where the cores can keep up"
+        return None
 
     def chosen(self, point: DaliTried) -> DaliRun:
         """This run with `point`'s setting and figures."""

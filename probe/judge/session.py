@@ -142,14 +142,14 @@ SHARE_PCT = "hw_decoder_load_pct"  # DALI's hw_decoder_load as a whole percent (
 
 
 def with_setting(config: ProbeConfig, knob: str, value: float) -> ProbeConfig:
-    """The same probe with `num_workers` (DataLoader), `num_threads`, `hw_decoder_load` or
-    `hw_decoder_load_pct` (DALI) set to `value`."""
+    """The same probe with `num_workers` (DataLoader), `num_threads` or `hw_decoder_load_pct`
+    (DALI's hw_decoder_load in whole percent) set to `value`."""
     spec = config.spec
     if knob == Knob.NUM_WORKERS.value:
         spec = replace(spec, dataloader=replace(spec.dataloader, num_workers=int(value)))
         return replace(config, backend=Backend.TORCH, spec=spec, label=f"num_workers={value}")
-    if knob in (Knob.HW_DECODER_LOAD.value, SHARE_PCT):
-        share = value / 100 if knob == SHARE_PCT else float(value)
+    if knob == SHARE_PCT:
+        share = value / 100
         spec = replace(spec, dali=replace(spec.dali, hw_decoder_load=share))
         label = f"DALI hw_decoder_load={share:g}"
         return replace(config, backend=Backend.DALI, spec=spec, label=label)

@@ -6,12 +6,14 @@ other points check."""
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 from pipelines import InputError
 from probe.judge.knee import analyze_sweep, past_the_peak
 from probe.judge.model import run_curve
 from probe.judge.results import Session, SessionKind
 from probe.judge.session import (
+    SHARE_PCT,
     Budget,
     OnEvent,
     Points,
@@ -43,6 +45,9 @@ def run_sweep(
         InputError: fewer than two settings, or a budget that cannot fit two points.
     """
     values = sorted(set(values))
+    # more workers or threads cost CPU: a knee, and settings past the peak; a larger share of
+    # the hardware decoder costs none (SHARE_PCT): its best alone
+    costs = knob != SHARE_PCT
     if len(values) < 2:
         raise InputError("a sweep needs at least two settings")
     check_budget(budget_s, 2, base, "a sweep")
@@ -58,10 +63,12 @@ def run_sweep(
                 points.skip(values[position + 1 :], "interrupted")
                 break
             measured = [points.measured[v] for v in values[: position + 1] if v in points.measured]
-            if past_the_peak(measured):
+            if costs and past_the_peak(measured):
                 points.skip(values[position + 1 :], "past the peak")
                 break
     analysis = analyze_sweep(list(points.measured.values()), knob) if points.measured else None
+    if analysis is not None and not costs:  # a larger share costs nothing: no knee, none over
+        analysis = replace(analysis, knee=analysis.best, oversubscribed=())
     first = analysis.points[0] if analysis is not None else None
     curve = None  # predicted from the first point alone: the others check it
     if knob == "num_workers" and first is not None and first.run_id is not None:
@@ -79,7 +86,7 @@ def run_sweep(
         knob=knob,
         points=() if analysis is None else analysis.points,
         best=None if analysis is None else analysis.best,
-        knee=None if analysis is None else analysis.knee,
+        knee=None if analysis is None or not costs else analysis.knee,
         oversubscribed=()
         if analysis is None
         else tuple(p.setting for p in analysis.oversubscribed),

@@ -39,7 +39,10 @@ def describe_settings(spec: PipelineSpec, backend: Backend) -> str:
     if backend is Backend.TORCH:
         options = spec.dataloader
         return f"num_workers={options.num_workers} {spec.output_dtype.value}"
-    return f"decoder={spec.dali_decoder.value} num_threads={spec.dali.num_threads}"
+    text = f"decoder={spec.dali_decoder.value} num_threads={spec.dali.num_threads}"
+    if spec.dali_decoder.value == "mixed":
+        text += f" hw_decoder_load={spec.dali.hw_decoder_load:g}"
+    return text
 
 
 def bench_pipeline(

@@ -168,13 +168,17 @@ def dali_lines(dali: DaliRun, devices: Sequence[str]) -> list[str]:
         if point.nvjpg_pct is not None:
             read.append(f"the hardware {NVJPG.label} {NVJPG.text(point.nvjpg_pct)} busy")
         if point.threads_cpu_pct is not None:
+            feeder = " (and the thread feeding its GPU stage)" if dali.decoder == "mixed" else ""
             read.append(
-                f"DALI's {dali.num_threads} threads using {CPU.text(point.threads_cpu_pct)}"
+                f"DALI's {dali.num_threads} threads{feeder} using {CPU.text(point.threads_cpu_pct)}"
             )
         if point.step_slowed is not None:
             read.append(f"the step {point.step_slowed:+.0%} against the consumer alone")
-        lines.append(f"what holds DALI there: {dali.holds} ({'; '.join(read)}, worst lane)")
-    lines.append(f"as code: {dali.pipeline.code}")
+        evidence = f" ({'; '.join(read)}, worst lane)" if read else ""
+        remedy = f"; the first remedy: {dali.remedy}" if dali.remedy else ""
+        lines.append(f"what holds DALI there: {dali.holds}{evidence}{remedy}")
+    if dali.advice is None:  # DALI helps: the change to write
+        lines.append(f"as code: {dali.pipeline.code}")
     if dali.not_searched:
         lines.append(f"not searched: {dali.not_searched}")
     return lines
@@ -192,7 +196,7 @@ def scaling_grid(scaling: Scaling) -> Grid:
     for key, name in pipelines:
         header += [*(["workers"] if key == TORCH else []), f"{name} predicted",
                    f"{name} measured", f"{name} per {device}"]  # fmt: skip
-    rows, numeric = [], {0}
+    rows = []
     for gpus in range(1, scaling.lanes + 1):
         row = [str(gpus)]
         for key, _ in pipelines:

@@ -414,9 +414,10 @@ def _session_html(report: Report) -> str:
         )
     elif dali is not None and dali.reason:
         out.append(f"<p>DALI: not measured: {_prose(dali.reason)}</p>")
-    if dali is not None and len(dali.tried) > 1:
+    if dali is not None and dali.tried:
         out.append("<h2>DALI's settings searched</h2>")
-        out.append(_grid(dali_grid(dali, session.devices)))
+        if len(dali.tried) > 1:
+            out.append(_grid(dali_grid(dali, session.devices)))
         out += [f"<p class='note'>{_prose(line)}</p>" for line in dali_lines(dali, session.devices)]
     if session.kind is SessionKind.DOCTOR:
         lines = epochs_lines(session.epochs)

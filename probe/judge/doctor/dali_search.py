@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from probe.judge.changes import Change, DaliPipeline
+from probe.judge.changes import Change, DaliPipeline, Knob
 from probe.judge.dali_model import (
     CLOSE,
     DEFAULT_LOAD,
@@ -25,7 +25,14 @@ from probe.judge.dali_model import (
     best_predicted,
     cpu_decoder_rate,
 )
-from probe.judge.dali_run import DaliRun, DaliTried
+from probe.judge.dali_run import (
+    HELD_BY_DECODER,
+    HELD_BY_NOTHING,
+    HELD_BY_SMS,
+    HELD_BY_THREADS,
+    DaliRun,
+    DaliTried,
+)
 from probe.judge.diagnosis import diagnose_run
 from probe.judge.evidence import slower_step
 from probe.judge.facts import run_facts
@@ -39,11 +46,11 @@ MAX_POINTS = 4  # DALI settings a doctor measures, its first included
 MIN_GAIN = 0.03  # a setting predicted to gain less than this on the best measured is not run
 # What held a DALI setting, by its run's verdict (anything else: the verdict's own title).
 HOLDS = {
-    VerdictKind.DALI_THREADS_SATURATED: "its CPU threads",
-    VerdictKind.STARVED_CPU_SATURATED: "its CPU threads",
-    VerdictKind.DALI_DECODER_SATURATED: "the hardware decoder",
-    VerdictKind.GPU_SHARED: "the SMs",
-    VerdictKind.FED: "nothing: the consumer sets the pace",
+    VerdictKind.DALI_THREADS_SATURATED: HELD_BY_THREADS,
+    VerdictKind.STARVED_CPU_SATURATED: HELD_BY_THREADS,
+    VerdictKind.DALI_DECODER_SATURATED: HELD_BY_DECODER,
+    VerdictKind.GPU_SHARED: HELD_BY_SMS,
+    VerdictKind.FED: HELD_BY_NOTHING,
 }
 
 
@@ -71,7 +78,8 @@ def dali_search(
     if first.lane_images_per_s is None:
         return replace(empty, tried=(first,), run_id=first.run_id, reason=first.reason)
     alone = (session.consumer_alone() or {}).get("images_per_s")
-    host = Host(_cores_per_lane(session, first), alone, first.nvjpg_pct is not None)
+    read = decoder == "mixed" and first.nvjpg_pct is not None
+    host = Host(_cores_per_lane(session, first), alone, read, first.pipeline.hw_decoder_load or 0.0)
 
     def fits(left: int) -> str | None:
         if session.stop.is_set():
@@ -90,57 +98,116 @@ def search(
     fits: Callable[[int], str | None],
     later: int,
 ) -> tuple[list[DaliTried], str | None]:
-    """From the `first` point measured: the setting the model predicts fastest, measured while
-    one is predicted faster than the best measured beyond its error, up to MAX_POINTS, as long
-    as `fits` (the budget, with `later` points after) lets it; then, where the SMs hold `mixed`
-    at its best and the model predicts the cpu decoder faster, that. Returns the points in the
-    order measured, and why the search ended before it converged (None: it converged)."""
-    decoder = first.pipeline.decoder
-    tried, stopped = [first], None
-    while len(tried) < MAX_POINTS:
-        best = _best(tried)
-        wanted = best_predicted(_points(tried), host, decoder)
-        if _enough(wanted, best, tried, lanes) is not None or wanted is None:
-            break
-        left = MAX_POINTS - len(tried) - 1 + later
-        stopped = fits(later)
-        if stopped is not None:
-            stopped = f"{wanted.pipeline.setting} was not measured: {stopped}"
-            break
-        why = f"predicted fastest; {wanted.holds_text} would hold it"
-        tried.append(measure(wanted.pipeline, why, wanted.images_per_s * lanes, left))
-    best = _best(tried)
-    if decoder == "mixed" and best.holds == HOLDS[VerdictKind.GPU_SHARED] and stopped is None:
-        threads = max(1, int(host.cores))
-        per_lane = cpu_decoder_rate(_points(tried), host, threads)
-        predicted = None if per_lane is None else per_lane * lanes
-        if (
-            predicted is not None
-            and best.images_per_s is not None
-            and predicted >= best.images_per_s * (1 + MIN_GAIN)
-            and fits(later) is None
-        ):
-            why = "the SMs hold mixed: the cpu decoder frees them"
-            tried.append(measure(DaliPipeline("cpu", threads), why, predicted, later))
+    """From the `first` point measured: the setting not yet measured that the model predicts
+    fastest, measured while it is predicted faster than the best measured beyond that point's
+    error, up to MAX_POINTS in all, as long as `fits` (the budget, with `later` points after)
+    lets it; where the SMs hold `mixed` at its best and the model predicts the cpu decoder
+    faster, that within the same count. Returns the points in the order measured, and why the
+    search ended before it converged (None: it converged)."""
+    tried = [first]
+    stopped = _settings(tried, host, lanes, measure, fits, later)
+    if stopped is None and first.pipeline.decoder == "mixed":
+        stopped = _cpu_decoder(tried, host, lanes, measure, fits, later)
     return tried, stopped
+
+
+def _settings(
+    tried: list[DaliTried],
+    host: Host,
+    lanes: int,
+    measure: Measure,
+    fits: Callable[[int], str | None],
+    later: int,
+) -> str | None:
+    """The settings of the first point's decoder, measured into `tried` while one is predicted
+    faster; why it ended before it converged (None: it converged)."""
+    while True:
+        best = _best(tried)
+        if best is None:
+            return "no DALI setting was measured well enough to predict from"
+        wanted = best_predicted(_points(tried), host, tried[0].pipeline.decoder)
+        if wanted is None or not _faster(wanted.images_per_s * lanes, best):
+            return None
+        refused = _refused(wanted, tried, lanes, fits, later)
+        if refused is not None:
+            return refused
+        why = f"predicted fastest; {wanted.holds_text} would hold it"
+        left = MAX_POINTS - len(tried) - 1 + later
+        tried.append(measure(wanted.pipeline, why, wanted.images_per_s * lanes, left))
+
+
+def _cpu_decoder(
+    tried: list[DaliTried],
+    host: Host,
+    lanes: int,
+    measure: Measure,
+    fits: Callable[[int], str | None],
+    later: int,
+) -> str | None:
+    """Where the SMs hold `mixed` at its best: the cpu decoder, which leaves them to the
+    model, measured where the model predicts it faster on the lane's cores."""
+    best = _best(tried)
+    if best is None or best.holds != HELD_BY_SMS:
+        return None
+    threads = max(1, int(host.cores))
+    per_lane = cpu_decoder_rate(_points(tried), host, threads)
+    if per_lane is None or not _faster(per_lane * lanes, best):
+        return None
+    cpu = Prediction(DaliPipeline("cpu", threads), per_lane, "threads")
+    refused = _refused(cpu, tried, lanes, fits, later)
+    if refused is None:
+        why = "the SMs hold mixed: the cpu decoder frees them"
+        tried.append(measure(cpu.pipeline, why, per_lane * lanes, later))
+    return refused
+
+
+def _refused(
+    wanted: Prediction,
+    tried: list[DaliTried],
+    lanes: int,
+    fits: Callable[[int], str | None],
+    later: int,
+) -> str | None:
+    """Why `wanted` is not measured (None: it is): MAX_POINTS, or the budget."""
+    why = f"the search measures {MAX_POINTS} at most" if len(tried) >= MAX_POINTS else fits(later)
+    if why is None:
+        return None
+    predicted = IMAGES_PER_S.text(wanted.images_per_s * lanes)
+    return f"{wanted.pipeline.setting}, predicted {predicted}, was not measured: {why}"
 
 
 def finish(empty: DaliRun, tried: list[DaliTried], host: Host, stopped: str | None) -> DaliRun:
     """The search's answer: the fastest setting measured (among those within CLOSE of it, the
-    fewest threads), with every point, what holds it, and what was not searched."""
-    point = _best(tried)
-    notes = [] if host.hardware_decoder else [_share_note(empty.decoder)]
+    fewest threads; a point on a busy host only where no other was judged), with every point,
+    what holds it, and what was not searched."""
+    notes = (
+        [] if empty.decoder == "mixed" and host.hardware_decoder else [_share_note(empty.decoder)]
+    )
     if stopped is not None:
         notes.append(stopped)
-    chosen = replace(empty.chosen(point), holds=point.holds)
+    point = _best(tried)
+    chosen = empty if point is None else replace(empty.chosen(point), holds=point.holds)
+    if point is None:
+        chosen = replace(chosen, reason=stopped or "no DALI setting was measured well enough")
     return replace(chosen, tried=tuple(tried), not_searched="; ".join(notes) or None)
 
 
-def _best(tried: list[DaliTried]) -> DaliTried:
+def _best(tried: list[DaliTried]) -> DaliTried | None:
     judged = [t for t in tried if t.images_per_s]
-    top = max(t.images_per_s or 0.0 for t in judged)
-    close = [t for t in judged if (t.images_per_s or 0.0) >= top * (1 - CLOSE)]
+    trusted = [t for t in judged if not t.host_busy] or judged
+    if not trusted:
+        return None
+    top = max(t.images_per_s or 0.0 for t in trusted)
+    close = [t for t in trusted if (t.images_per_s or 0.0) >= top * (1 - CLOSE)]
     return min(close, key=lambda t: (t.pipeline.num_threads, -(t.images_per_s or 0.0)))
+
+
+def _faster(predicted: float, best: DaliTried) -> bool:
+    """Whether `predicted` (images/s for the job) beats the best measured beyond its error and
+    MIN_GAIN."""
+    assert best.images_per_s is not None
+    error = (best.images_per_s_error or 0.0) / best.images_per_s
+    return predicted >= best.images_per_s * (1 + max(MIN_GAIN, error))
 
 
 def _cores_per_lane(session: WarmSession, first: DaliTried) -> float:
@@ -166,25 +233,6 @@ def _share_note(decoder: str) -> str:
     )
 
 
-def _enough(
-    wanted: Prediction | None, best: DaliTried, tried: list[DaliTried], lanes: int
-) -> str | None:
-    """Why the search ends here (None: it goes on to `wanted`)."""
-    if wanted is None:
-        return "nothing measured to predict from"
-    if any(t.pipeline == wanted.pipeline for t in tried):
-        return f"the model's best, {wanted.pipeline.setting}, was measured"
-    assert best.images_per_s is not None
-    error = (best.images_per_s_error or 0.0) / best.images_per_s
-    predicted = wanted.images_per_s * lanes
-    if predicted < best.images_per_s * (1 + max(MIN_GAIN, error)):
-        return (
-            f"no setting is predicted faster than {best.setting} beyond its error (the best, "
-            f"{wanted.pipeline.setting}, {IMAGES_PER_S.text(predicted)} predicted)"
-        )
-    return None
-
-
 def _measure(
     session: WarmSession,
     base: ProbeConfig,
@@ -195,7 +243,7 @@ def _measure(
 ) -> DaliTried:
     """One DALI setting measured on the warm lanes, with what its worst lane read."""
     out = DaliTried(pipeline, why, predicted)
-    config = with_change(base, Change.parse(pipeline.setting))
+    config = with_change(base, Change(Knob.PIPELINE, pipeline))
     assert config is not None
     document = session.measure(config, later=later)
     if document is None:
