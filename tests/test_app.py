@@ -569,3 +569,36 @@ def test_a_setting_has_one_prediction_and_verified_is_said_only_of_what_was_run_
     assert "predicted at first 447 ± 47" in text and text.count("predicted 413 ± 24") == 1
     assert "measured again 379 images/s (-8.2%)" in text  # against its one prediction, 413
     assert "verified 379" not in text and "verified: " not in text
+
+
+H200_DOCTOR = (
+    Path(__file__).parent / "benchmarks" / "results" / "2026-11-26-dali-tuning" / "doctor4"
+)
+
+
+def test_a_doctors_dali_search_reads_on_its_page_and_in_its_report(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The doctor's store from one H200 held to 4 cores: its DALI search (4 settings, from
+    DALI's defaults to 2 threads at a share of 1) on the Session page and in the HTML report."""
+    db = tmp_path / "h200.db"
+    db.write_bytes((H200_DOCTOR / "feedscope.db").read_bytes())
+    document = json.loads((H200_DOCTOR / "doctor4" / "doctor.json").read_text())
+    session_id = document["session_id"]
+    at = app(monkeypatch, db, "session", session=session_id)
+    no_errors(at)
+    rows = table(at, "decoder, threads, share")
+    assert [row["decoder, threads, share"] for row in rows] == [
+        "mixed, 4, 0.65", "mixed, 1, 1", "mixed, 3, 1", "mixed, 2, 1 (chosen)",
+    ]  # fmt: skip
+    shown = "\n".join(texts(at.markdown))
+    assert "what holds DALI there: its CPU threads" in shown
+    assert "DaliOptions(num_threads=2, decoder=Decoder.MIXED, hw_decoder_load=1)" in shown
+    metrics = {m.label for m in at.metric}
+    assert "DALI, mixed decoder, 2 threads, share 1" in metrics
+    report = tmp_path / "doctor.html"
+    result = probe_cli("report", session_id, "-o", report, "--db", db)
+    assert result.returncode == 0, result.stderr
+    html = report.read_text()
+    assert "DALI&#x27;s settings searched" in html or "DALI's settings searched" in html
+    assert "+138% on where its search started" in html
