@@ -380,9 +380,9 @@ def doctor(
     console.err.print(
         f"doctor: yours (num_workers={baseline}) first, then the DataLoader around the knee "
         "its run predicts (where a term cannot be measured, workers from yours over "
-        f"{', '.join(map(str, settings))}), DALI with {threads} threads, the epoch reading where "
-        f"it matters, and a verification{scaled}; each point until images/s is known within "
-        f"{config.precision:.0%}; budget {budget:g} s; store: {store.path}"
+        f"{', '.join(map(str, settings))}), DALI searched from {threads} threads, the epoch "
+        f"reading where it matters, and a verification{scaled}; each point until images/s is "
+        f"known within {config.precision:.0%}; budget {budget:g} s; store: {store.path}"
     )
     with console.stopping_on_signals(stop := threading.Event()):
         session = run_doctor(
