@@ -92,8 +92,8 @@ def doctor_reading(
         return replace(point, images_per_s=factor(document.label or "") * point.images_per_s)
 
     # wherever the doctor reads its own runs' points: its verification and runs in turn
-    # (answer), DALI's and the epoch reading's (points)
-    for module in ("answer", "points"):
+    # (answer), DALI's search (dali_search) and the epoch reading (points)
+    for module in ("answer", "dali_search", "points"):
         monkeypatch.setattr(f"probe.judge.doctor.{module}.point_of", reading)
     spec = PipelineSpec(photos, batch_size=32, image_size=96,
                         dataloader=DataLoaderOptions(num_workers=yours))  # fmt: skip
