@@ -156,7 +156,7 @@ def _compare_and_launch(page: Page, url: str, db: Path, session: str) -> None:
     expect(page.get_by_text("GPU busy")).to_have_count(0)
     page.screenshot(path=str(ARTIFACTS / "5-compare.png"), full_page=True)
     page.goto(f"{url}/launch")
-    expect(page.get_by_role("heading", name="Launch")).to_be_visible()
+    expect(page.get_by_role("heading", name="Launch", exact=True)).to_be_visible()
     expect(page.get_by_role("radio", name="doctor")).to_be_checked()
     page.screenshot(path=str(ARTIFACTS / "6-launch.png"), full_page=True)
 

@@ -111,9 +111,13 @@ def doctor_whose_verification_reads(
 ) -> dict[str, Any]:
     """The doctor on no workers (the training process decodes: more workers are faster, and
     the doctor recommends a change), its change's runs after its first (the verification, and
-    those in turn with yours) read at `factor` of what they measured."""
+    those in turn with yours) read at `factor` of what they measured. DALI's points are read
+    at half: the change is one of workers, not a migration that DALI's 15% bar decides by the
+    host's noise."""
 
     def changed(label: str) -> float:
+        if label.startswith("DALI"):
+            return 0.5
         later = label.startswith("verify ") or label.startswith("in turn:")
         return factor if later and "yours" not in label else 1.0
 

@@ -173,7 +173,7 @@ class DaliRun:
         if self.holds == HELD_BY_THREADS:
             if larger:
                 return "a larger hw_decoder_load (fewer JPEGs on the threads), then more threads"
-            return "more threads, up to the cores per GPU, or more cores"
+            return "more threads, up to the cores it may use, or more cores"
         if self.holds == HELD_BY_DECODER:
             return "a smaller hw_decoder_load, where the threads have room"
         if self.holds == HELD_BY_SMS:
