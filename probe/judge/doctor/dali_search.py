@@ -13,7 +13,7 @@ nothing) and every point beside what was predicted for it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from probe.judge.changes import Change, DaliPipeline, Knob
 from probe.judge.dali_model import (
@@ -105,75 +105,66 @@ def search(
     faster, that within the same count. Returns the points in the order measured, and why the
     search ended before it converged (None: it converged)."""
     tried = [first]
-    stopped = _settings(tried, host, lanes, measure, fits, later)
+    run = _Search(host, lanes, measure, fits, later)
+    stopped = run.settings(tried)
     if stopped is None and first.pipeline.decoder == "mixed":
-        stopped = _cpu_decoder(tried, host, lanes, measure, fits, later)
+        stopped = run.cpu_decoder(tried)
     return tried, stopped
 
 
-def _settings(
-    tried: list[DaliTried],
-    host: Host,
-    lanes: int,
-    measure: Measure,
-    fits: Callable[[int], str | None],
-    later: int,
-) -> str | None:
-    """The settings of the first point's decoder, measured into `tried` while one is predicted
-    faster; why it ended before it converged (None: it converged)."""
-    while True:
+@dataclass(frozen=True)
+class _Search:
+    """What every step of one search shares: the lane's bounds, its lanes, how a setting is
+    measured, whether the budget fits one, and the points planned after the search."""
+
+    host: Host
+    lanes: int
+    measure: Measure
+    fits: Callable[[int], str | None]
+    later: int
+
+    def settings(self, tried: list[DaliTried]) -> str | None:
+        """The settings of the first point's decoder, measured into `tried` while one is
+        predicted faster; why it ended before it converged (None: it converged)."""
+        while True:
+            best = _best(tried)
+            if best is None:
+                return "no DALI setting was measured well enough to predict from"
+            wanted = best_predicted(_points(tried), self.host, tried[0].pipeline.decoder)
+            if wanted is None or not _faster(wanted.images_per_s * self.lanes, best):
+                return None
+            refused = self.refused(wanted, tried)
+            if refused is not None:
+                return refused
+            why = f"predicted fastest; {wanted.holds_text} would hold it"
+            left = MAX_POINTS - len(tried) - 1 + self.later
+            tried.append(self.measure(wanted.pipeline, why, wanted.images_per_s * self.lanes, left))
+
+    def cpu_decoder(self, tried: list[DaliTried]) -> str | None:
+        """Where the SMs hold `mixed` at its best: the cpu decoder, which leaves them to the
+        model, measured where the model predicts it faster on the lane's cores."""
         best = _best(tried)
-        if best is None:
-            return "no DALI setting was measured well enough to predict from"
-        wanted = best_predicted(_points(tried), host, tried[0].pipeline.decoder)
-        if wanted is None or not _faster(wanted.images_per_s * lanes, best):
+        if best is None or best.holds != HELD_BY_SMS:
             return None
-        refused = _refused(wanted, tried, lanes, fits, later)
-        if refused is not None:
-            return refused
-        why = f"predicted fastest; {wanted.holds_text} would hold it"
-        left = MAX_POINTS - len(tried) - 1 + later
-        tried.append(measure(wanted.pipeline, why, wanted.images_per_s * lanes, left))
+        threads = max(1, int(self.host.cores))
+        per_lane = cpu_decoder_rate(_points(tried), self.host, threads)
+        if per_lane is None or not _faster(per_lane * self.lanes, best):
+            return None
+        cpu = Prediction(DaliPipeline("cpu", threads), per_lane, "threads")
+        refused = self.refused(cpu, tried)
+        if refused is None:
+            why = "the SMs hold mixed: the cpu decoder frees them"
+            tried.append(self.measure(cpu.pipeline, why, per_lane * self.lanes, self.later))
+        return refused
 
-
-def _cpu_decoder(
-    tried: list[DaliTried],
-    host: Host,
-    lanes: int,
-    measure: Measure,
-    fits: Callable[[int], str | None],
-    later: int,
-) -> str | None:
-    """Where the SMs hold `mixed` at its best: the cpu decoder, which leaves them to the
-    model, measured where the model predicts it faster on the lane's cores."""
-    best = _best(tried)
-    if best is None or best.holds != HELD_BY_SMS:
-        return None
-    threads = max(1, int(host.cores))
-    per_lane = cpu_decoder_rate(_points(tried), host, threads)
-    if per_lane is None or not _faster(per_lane * lanes, best):
-        return None
-    cpu = Prediction(DaliPipeline("cpu", threads), per_lane, "threads")
-    refused = _refused(cpu, tried, lanes, fits, later)
-    if refused is None:
-        why = "the SMs hold mixed: the cpu decoder frees them"
-        tried.append(measure(cpu.pipeline, why, per_lane * lanes, later))
-    return refused
-
-
-def _refused(
-    wanted: Prediction,
-    tried: list[DaliTried],
-    lanes: int,
-    fits: Callable[[int], str | None],
-    later: int,
-) -> str | None:
-    """Why `wanted` is not measured (None: it is): MAX_POINTS, or the budget."""
-    why = f"the search measures {MAX_POINTS} at most" if len(tried) >= MAX_POINTS else fits(later)
-    if why is None:
-        return None
-    predicted = IMAGES_PER_S.text(wanted.images_per_s * lanes)
-    return f"{wanted.pipeline.setting}, predicted {predicted}, was not measured: {why}"
+    def refused(self, wanted: Prediction, tried: list[DaliTried]) -> str | None:
+        """Why `wanted` is not measured (None: it is): MAX_POINTS, or the budget."""
+        at_most = len(tried) >= MAX_POINTS
+        why = f"the search measures {MAX_POINTS} at most" if at_most else self.fits(self.later)
+        if why is None:
+            return None
+        predicted = IMAGES_PER_S.text(wanted.images_per_s * self.lanes)
+        return f"{wanted.pipeline.setting}, predicted {predicted}, was not measured: {why}"
 
 
 def finish(empty: DaliRun, tried: list[DaliTried], host: Host, stopped: str | None) -> DaliRun:
