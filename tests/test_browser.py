@@ -153,6 +153,7 @@ def _compare_and_launch(page: Page, url: str, db: Path, session: str) -> None:
     expect(page.get_by_role("heading", name="Compare")).to_be_visible()
     expect(page.get_by_text(f"of the {len(runs)} runs shown")).to_be_visible()
     expect(page.locator(".js-plotly-plot .main-svg").first).to_be_visible()
+    expect(page.get_by_text("data-wait", exact=True).first).to_be_attached()  # the table is drawn
     expect(page.get_by_text("GPU busy")).to_have_count(0)
     page.screenshot(path=str(ARTIFACTS / "5-compare.png"), full_page=True)
     page.goto(f"{url}/launch")

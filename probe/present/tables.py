@@ -110,10 +110,11 @@ def lane_grid(document: RunDocument) -> Grid:
 
 
 def brief_grid(briefs: Sequence[RunBrief]) -> Grid:
-    """Runs side by side: each run's images/s, data-wait (its worst lane's), GPU busy-ness and
-    CPU cores."""
+    """Runs side by side: each run's images/s, data-wait (its worst lane's), CPU cores and, where
+    a run read one, its GPU busy-ness (runs on the CPU alone get no GPU columns)."""
+    gpu = any(busy_metric(b.sm_active_source) for b in briefs)
     header = ("run", "setting", "pipeline", IMAGES_PER_S.heading, DATA_WAIT.heading,
-              "GPU busy %", "GPU busy metric", CPU.heading)  # fmt: skip
+              *(("GPU busy %", "GPU busy metric") if gpu else ()), CPU.heading)  # fmt: skip
     rows = tuple(
         (
             b.run,
@@ -121,13 +122,17 @@ def brief_grid(briefs: Sequence[RunBrief]) -> Grid:
             b.pipeline,
             IMAGES_PER_S.cell(b.images_per_s, b.images_per_s_error),
             DATA_WAIT.cell(b.data_wait_frac),
-            busy.number(b.sm_active_pct) if (busy := busy_metric(b.sm_active_source)) else "-",
-            busy.title if busy else "-",
+            *(_busy_cells(b) if gpu else ()),
             CPU.cell(None if b.cpu_cores is None else b.cpu_cores / CPU.scale),
         )
         for b in briefs
     )
-    return Grid(header, rows, frozenset({3, 4, 5, 7}))
+    return Grid(header, rows, frozenset({3, 4, 5, 7} if gpu else {3, 4, 5}))
+
+
+def _busy_cells(brief: RunBrief) -> tuple[str, str]:
+    busy = busy_metric(brief.sm_active_source)
+    return (busy.number(brief.sm_active_pct), busy.title) if busy else ("-", "-")
 
 
 def recommendation_grid(recommendations: Sequence[Recommendation]) -> Grid:
