@@ -91,9 +91,9 @@ def doctor_reading(
         point = real(store, document, setting)
         return replace(point, images_per_s=factor(document.label or "") * point.images_per_s)
 
-    # wherever the doctor reads its own runs' points: its verification and runs in turn
-    # (answer), DALI's search (dali_search) and the epoch reading (points)
-    for module in ("answer", "dali_search", "points"):
+    # wherever the doctor reads its own runs' points: its verification (answer) and runs in
+    # alternation (alternation), DALI's search (dali_search) and the epoch reading (points)
+    for module in ("answer", "alternation", "dali_search", "points"):
         monkeypatch.setattr(f"probe.judge.doctor.{module}.point_of", reading)
     spec = PipelineSpec(photos, batch_size=32, image_size=96,
                         dataloader=DataLoaderOptions(num_workers=yours))  # fmt: skip
@@ -111,15 +111,15 @@ def doctor_whose_verification_reads(
 ) -> dict[str, Any]:
     """The doctor on no workers (the training process decodes: more workers are faster, and
     the doctor recommends a change), its change's runs after its first (the verification, and
-    those in turn with yours) read at `factor` of what they measured. DALI's points are read
+    those in alternation with yours) read at `factor` of what they measured. DALI's points are read
     at half: the change is one of workers, not a migration that DALI's 15% bar decides by the
     host's noise."""
 
     def changed(label: str) -> float:
         if label.startswith("DALI"):
             return 0.5
-        later = label.startswith("verify ") or label.startswith("in turn:")
-        return factor if later and "yours" not in label else 1.0
+        later = label.startswith(("verify ", "in alternation:"))
+        return factor if later and not label.endswith("num_workers=0") else 1.0
 
     return doctor_reading(changed, photos, db, monkeypatch, 0, [0, 1, 2], 240.0)
 
@@ -128,8 +128,8 @@ def test_a_change_its_verification_refutes_is_not_the_answer(
     photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Read at 40%, the change's verification disagrees, and its lower run no longer beats
-    yours: the change is measured in turn with yours, loses, and the answer keeps yours and
-    says why, with one recommendation per setting."""
+    yours: the change is measured in alternation with yours, yours first, loses, and the answer
+    keeps yours and says why, with one recommendation per setting."""
     document = doctor_whose_verification_reads(0.4, photos, tmp_path / "s.db", monkeypatch)
     verify = document["verify"]
     assert verify is not None, document["reason"]
@@ -137,7 +137,8 @@ def test_a_change_its_verification_refutes_is_not_the_answer(
     assert verify["agrees"] is False
     top = document["recommendations"][0]
     assert top["setting"] == "num_workers=0" and top["action"].startswith("no change: keep")
-    assert {run["setting"] for run in verify["in_turn"]} == {"num_workers=0", verify["setting"]}
+    runs = [run["setting"] for run in verify["in_turn"]]
+    assert runs[:2] == ["num_workers=0", verify["setting"]] and len(runs) % 2 == 0
     assert "the answer keeps yours" in verify["outcome"] and verify["outcome"] in top["notes"]
     settings = [r["setting"] for r in document["recommendations"]]
     assert verify["setting"] not in settings
@@ -167,32 +168,36 @@ def test_a_change_its_verification_measures_lower_but_still_better_stays(
 
 
 @pytest.mark.parametrize("beside", [1.0, 5.0], ids=["bears-it-out", "does-not"])
-def test_dali_verified_is_weighed_beside_the_dataloader_measured_again(
+def test_dali_first_is_decided_in_alternation_with_the_dataloader(
     beside: float, photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """DALI read at 3x is recommended and stays so after its verification; the DataLoader's
-    answer is then measured again right after it. Read as measured, that pair bears DALI out
-    and it stays first; read at 5x, it does not: "either", and the DataLoader's answer,
-    measured twice, is first, DALI second, one prediction each."""
-    factors = {"DALI": 3.0, "verify DALI": 3.0, "in turn with DALI": beside}
+    """DALI read at 3x is recommended first; it and the DataLoader's answer are then measured in
+    alternation, DALI first (its verification). Read as measured, the pairs bear DALI out and it
+    stays first; with the DataLoader's runs read at 5x, they refute it: the DataLoader's answer
+    is first and DALI is no recommendation, its advice saying why."""
 
     def factor(label: str) -> float:
-        return next((f for start, f in factors.items() if label.startswith(start)), 1.0)
+        if label.startswith("in alternation: num_workers="):
+            return beside
+        return 3.0 if label.startswith(("DALI", "in alternation: DALI")) else 1.0
 
     document = doctor_reading(factor, photos, tmp_path / "s.db", monkeypatch, 2, [1, 2], 150.0)
     verify = document["verify"]
     assert verify is not None and verify["setting"].startswith("DALI"), document["reason"]
-    (again,) = verify["in_turn"]
-    assert again["setting"].startswith("num_workers="), verify
+    runs = [run["setting"] for run in verify["in_turn"]]
+    assert len(runs) >= 2 and runs[0] == verify["setting"], verify
+    assert all(a != b for a, b in zip(runs, runs[1:])), runs  # in alternation
+    loader = runs[1]
+    assert loader.startswith("num_workers="), runs
     settings = [r["setting"] for r in document["recommendations"]]
     assert len(settings) == len(set(settings))
     if beside == 1.0:
-        assert settings[0] == verify["setting"]
-        assert verify["outcome"].endswith("it stays the answer")
+        assert settings[:2] == [verify["setting"], loader]
+        assert verify["outcome"].endswith("DALI is the answer")
     else:
-        assert settings[:2] == [again["setting"], verify["setting"]], verify
-        assert "either may be the answer" in verify["outcome"]
-        assert any(n.startswith("either: ") for n in document["recommendations"][1]["notes"])
+        assert settings[0] == loader and verify["setting"] not in settings, settings
+        assert verify["outcome"].endswith(f"{loader} is the answer")
+        assert document["dali"]["advice"].startswith("DALI is not worth the migration")
 
 
 SLOW_START = '''

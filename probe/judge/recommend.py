@@ -109,6 +109,31 @@ def one_each(recommendations: Sequence[Recommendation]) -> list[Recommendation]:
     return out
 
 
+def below_the_answer(
+    recommendations: Sequence[Recommendation],
+) -> tuple[list[Recommendation], list[Recommendation]]:
+    """The first recommendation, the answer, and those predicted no lower than it; and the
+    changes predicted below it, set aside with what they cost against it (a change that gives
+    less than the answer is not recommended beside it)."""
+    if not recommendations or recommendations[0].predicted_images_per_s is None:
+        return list(recommendations), []
+    first = recommendations[0]
+    answer = first.predicted_images_per_s
+    assert answer is not None
+    keep, aside = [first], []
+    for item in recommendations[1:]:
+        rate = item.predicted_images_per_s
+        if rate is None or rate >= answer or item.change.knob is None:
+            keep.append(item)
+            continue
+        cost = (
+            f"not recommended: predicted {IMAGES_PER_S.text(rate)}, {rate / answer - 1:+.0%} "
+            f"against the answer, {first.setting} ({IMAGES_PER_S.text(answer)})"
+        )
+        aside.append(replace(item, notes=(*item.notes, cost)))
+    return keep, aside
+
+
 def set_aside(
     recommendations: Sequence[Recommendation], yours: Estimate, own: Change
 ) -> tuple[list[Recommendation], list[Recommendation]]:

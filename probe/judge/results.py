@@ -128,10 +128,17 @@ class Verification:
     run_id: str
     in_turn: tuple[InTurn, ...] = ()
     outcome: str | None = None  # where it disagreed: what the answer became, and why
+    precise: bool = True  # its images/s known within the precision asked
 
     @property
     def error_frac(self) -> float | None:
         return against(self.measured_images_per_s, self.predicted_images_per_s)
+
+    @property
+    def verified(self) -> bool:
+        """Whether it bears its prediction out: measured within the precision asked, and
+        agreeing within their errors and the drift (else it was "measured again")."""
+        return self.agrees and self.precise
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -146,6 +153,8 @@ class Verification:
             "run_id": self.run_id,
             "in_turn": [item.to_json() for item in self.in_turn],
             "outcome": self.outcome,
+            "precise": self.precise,
+            "verified": self.verified,
         }
 
     @classmethod
@@ -161,6 +170,7 @@ class Verification:
             run_id=data["run_id"],
             in_turn=tuple(InTurn.from_json(item) for item in data.get("in_turn", ())),
             outcome=data.get("outcome"),
+            precise=bool(data.get("precise", True)),  # older documents lack it
         )
 
 

@@ -225,12 +225,17 @@ class WarmSession:
             )
         )
 
-    def measure(self, config: ProbeConfig, later: int = 0) -> RunDocument | None:
+    def measure(
+        self, config: ProbeConfig, later: int = 0, max_s: float | None = None
+    ) -> RunDocument | None:
         """Measures one point on the warm lanes, for its share of the budget with `later` more
-        points planned; its run (None: stopped before)."""
+        points planned (and at most `max_s`, where given, and the least a point is given); its
+        run (None: stopped before)."""
         if self.stop.is_set():
             return None
         cap = self.budget.share(later)
+        if max_s is not None:
+            cap = min(cap, max(max_s, self.budget.least_measure()))
         config = replace(config, batches=None, duration_s=None, max_s=cap, enough_s=ENOUGH_POINT_S)
         self.on_event("start", {"label": config.label, "max_s": cap})
         started = time.monotonic()

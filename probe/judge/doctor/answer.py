@@ -12,6 +12,7 @@ from dataclasses import replace
 from probe.judge.changes import Change, Knob, Recommendation, workers
 from probe.judge.dali_run import CoresFreed, DaliRun
 from probe.judge.diagnosis import diagnose_run
+from probe.judge.doctor.alternation import Alternation, alternate, more_pairs
 from probe.judge.epochs import epoch_fixes
 from probe.judge.evidence import Evidence, gpu_sharing, gpu_sharing_evidence, measured
 from probe.judge.facts import run_facts
@@ -19,6 +20,7 @@ from probe.judge.knee import SweepAnalysis, SweepPoint
 from probe.judge.model import Curve
 from probe.judge.recommend import (
     dali_advice,
+    dali_gain_needed,
     dali_recommendation,
     dali_worth_it,
     one_each,
@@ -26,17 +28,15 @@ from probe.judge.recommend import (
     set_aside,
 )
 from probe.judge.results import EpochsRun, InTurn, Verification
-from probe.judge.session import Points, WarmSession, point_of, with_change, with_setting
+from probe.judge.session import Points, WarmSession, point_of, with_change
 from probe.judge.thresholds import EPOCH_START_SHARE, KNEE_POINTS, KNEE_WITHIN
 from probe.judge.verdicts import Verdict, VerdictKind
 from probe.measure.config import ProbeConfig
-from probe.metrics import CPU, IMAGES_PER_S, MEMORY, NVJPG, against_text
+from probe.metrics import CPU, IMAGES_PER_S, MEMORY, NVJPG
 from probe.records import RunStatus
-from probe.steady import Estimate, above, at_least, margin, pooled
+from probe.steady import MIN_BLOCKS, Estimate, above, at_least, margin, pooled
 from probe.store.db import Store
 from probe.store.documents import read_run
-
-IN_TURN = 4  # runs of yours and the candidate, in turn, where a verification disagrees
 
 
 def baseline_verdict(
@@ -170,9 +170,10 @@ def answer(
         ranked = [keep_yours(baseline, baseline.estimate)]
     point = _point_of(analysis, ranked[0].change) or baseline
     dali, worth = weigh_dali(store, dali, point, point.estimate, verdict, cores)
-    if worth:
+    if worth or dali_reach(dali, point.estimate):  # a close call: below it, "either"
         notes = [dali.freed.text] if dali.freed is not None else []
-        ranked.insert(0, dali_recommendation(dali, [*notes, *dali_trade(store, point, dali)]))
+        notes += [*dali_trade(store, point, dali), *([dali.advice] if dali.advice else [])]
+        ranked.insert(0 if worth else 1, dali_recommendation(dali, notes))
     return one_each(ranked), asides, dali
 
 
@@ -214,11 +215,13 @@ def verify(
     cores: float,
 ) -> tuple[Verification | None, list[Recommendation], DaliRun]:
     """Runs the first recommendation again: what it predicted against what it measures. Where
-    the two disagree beyond their errors and the drift, that decides: a change that even its
-    worse run bears out against yours stays, predicted at its runs' mean; one it does not is
-    measured in turn with yours, and stays the answer only if those runs bear it out; your own
-    setting, measured apart by more than that twice, is predicted at its runs' mean, and DALI
-    is weighed against that again."""
+    DALI is among the recommendations (first, or "either" below the DataLoader's answer), DALI
+    against the DataLoader is a close call: the two are measured in alternation until their
+    pairs decide it (`_dali_call`). Else, where the run disagrees with its prediction beyond the
+    errors and the drift, that decides: a change that even its worse run bears out against yours
+    stays, predicted at its runs' mean; one it does not is measured in alternation with yours,
+    and stays the answer only if those pairs bear it out; your own setting, measured apart by
+    more than that twice, is predicted at its runs' mean, and DALI weighed against that again."""
     if not recommendations or session.stop.is_set() or not verdict.reliable:
         return None, recommendations, dali
     top = recommendations[0]
@@ -226,7 +229,9 @@ def verify(
     config = with_change(base, top.change)
     if predicted is None or config is None or not session.budget.fits():
         return None, recommendations, dali  # nothing a session can run: epochs, storage
-    # its share leaves room for yours and the change in turn, should it disagree
+    if any(r.change.knob is Knob.PIPELINE for r in recommendations):
+        return _dali_call(session, base, recommendations, baseline, dali)
+    # its share leaves room for yours and the change in alternation, should it disagree
     document = session.measure(replace(config, label=f"verify {top.setting}"), later=2)
     if document is None or document.status != RunStatus.COMPLETED.value:
         return None, recommendations, dali
@@ -242,69 +247,123 @@ def verify(
         agrees=agrees,
         host_busy=point.host_busy,
         run_id=document.run_id,
+        precise=_precise(point.estimate, base),
     )
     if agrees:
         recommendations[0] = replace(top, measured_images_per_s=point.images_per_s)
-    else:
-        verification, recommendations, dali = _disagreed(
-            session, base, verification, point, recommendations, baseline, verdict, dali, cores
-        )
-    stays = recommendations[0].change == top.change and not verification.in_turn
-    if stays and top.change.knob is Knob.PIPELINE:  # a ratio of runs apart: measured side by side
-        return _beside_yours(session, base, verification, point, recommendations, baseline,
-                             dali, cores)  # fmt: skip
-    return verification, recommendations, dali
+        return verification, recommendations, dali
+    return _disagreed(
+        session, base, verification, point, recommendations, baseline, verdict, dali, cores
+    )
 
 
-def _beside_yours(
+def _precise(estimate: Estimate, base: ProbeConfig) -> bool:
+    """Whether a figure is known within the precision the session asked (any, where it asked
+    none)."""
+    relative = estimate.relative_error
+    return base.precision is None or (relative is not None and relative <= base.precision)
+
+
+def dali_reach(dali: DaliRun, reference: Estimate) -> bool:
+    """Whether DALI, as measured, may clear what a migration must gain over the DataLoader's
+    `reference` within their errors and the drift (it is then a call for measuring to decide)."""
+    if not dali.judged or dali.images_per_s is None:
+        return False
+    measured = Estimate(dali.images_per_s, dali.images_per_s_error, MIN_BLOCKS)
+    bar = 1 + dali_gain_needed(dali.freed)
+    return measured.value + margin(measured, bar, reference, drift=True) >= bar * reference.value
+
+
+def _dali_call(
     session: WarmSession,
     base: ProbeConfig,
-    verification: Verification,
-    point: SweepPoint,
     recommendations: list[Recommendation],
     baseline: SweepPoint,
     dali: DaliRun,
-    cores: float,
-) -> tuple[Verification, list[Recommendation], DaliRun]:
-    """DALI, verified, against the DataLoader's answer (the next recommendation of workers, else
-    yours) measured again right after it: the migration is weighed on two runs a point apart,
-    not on runs minutes apart (a shared host's rate moves more than their errors between them).
-    Where that pair does not bear it out, either may be the answer, and the DataLoader's,
-    measured twice, stays first."""
+) -> tuple[Verification | None, list[Recommendation], DaliRun]:
+    """DALI against the DataLoader's answer (its first recommendation of workers, else yours),
+    measured in alternation, the first recommendation's run first (its verification): DALI
+    leads where the pairs clear what a migration must gain, the DataLoader where they fall short
+    of it, and where they hold it, either may be the answer and the DataLoader, the smaller
+    change, stays first, with how many more pairs would decide it."""
     top = recommendations[0]
-    loader = next((r for r in recommendations[1:] if r.change.knob is Knob.NUM_WORKERS), None)
-    setting = baseline.setting
-    if loader is not None and isinstance(loader.change.value, int):
-        setting = loader.change.value
-    config = with_setting(base, "num_workers", setting)
-    if config is None or session.stop.is_set() or not session.budget.fits():
-        return verification, recommendations, dali
-    name = workers(setting).setting
-    document = session.measure(replace(config, label=f"in turn with DALI: {name}"), later=0)
-    if document is None or document.status != RunStatus.COMPLETED.value:
-        return verification, recommendations, dali
-    mine = point_of(session.store, document, 0)
-    run = InTurn(name, mine.images_per_s, mine.images_per_s_error, document.run_id)
-    pair = (
-        f"measured beside {name} again, it gave {IMAGES_PER_S.text(point.images_per_s)} against "
-        f"{IMAGES_PER_S.text(mine.images_per_s, mine.images_per_s_error)}"
+    loader = next(
+        (r for r in recommendations if r.change.knob is Knob.NUM_WORKERS),
+        keep_yours(baseline, baseline.estimate),
     )
-    earlier = f"{verification.outcome}; " if verification.outcome else ""
-    if _bears_out(top.change, mine.estimate, point.estimate, setting, dali, cores):
-        outcome = f"{earlier}{pair}: it stays the answer"
-        return replace(verification, in_turn=(run,), outcome=outcome), recommendations, dali
-    outcome = earlier + (
-        f"{pair} ({against_text(point.images_per_s, mine.images_per_s, 0)}): not the gain a "
-        f"migration must show beyond their errors and the drift; either may be the answer, and "
-        f"{name}, measured twice, stays first"
-    )
-    if loader is None or loader.change == workers(baseline.setting):
-        first = keep_yours(baseline, pooled([baseline.estimate, mine.estimate]), outcome, None)
+    migration = next(r for r in recommendations if r.change.knob is Knob.PIPELINE)
+    rest = [r for r in recommendations if r not in (loader, migration)]
+    a, b = loader.change, migration.change
+    bar = 1 + dali_gain_needed(dali.freed)
+    length = min(session.budget.measured, default=0.0) / 2  # half the shortest point: pairs pool
+    call = alternate(session, base, a, b, bar, first=top.change, length_s=length,
+                     label="in alternation")  # fmt: skip
+    if not call.runs:
+        return None, recommendations, dali
+    gain = f"DALI gave {call.gain_text()} on {a.setting}"
+    need = f"the {bar - 1:.0%} a migration must gain"
+    if call.decided == b:
+        outcome = f"measured in alternation, {gain}: it clears {need}: DALI is the answer"
+        first, second = _measured(migration, call, outcome), _measured(loader, call)
+        out = [first, second, *rest]
+    elif call.decided == a:
+        outcome = f"measured in alternation, {gain}: short of {need}: {a.setting} is the answer"
+        out = [_measured(loader, call, outcome), *rest]
+        dali = replace(dali, advice=f"DALI is not worth the migration: {outcome}")
     else:
-        first = replace(loader, notes=(*loader.notes, outcome))
-    either = replace(top, notes=(*top.notes, f"either: {pair}"))
-    out = one_each([first, either, *recommendations[1:]])
-    return replace(verification, in_turn=(run,), outcome=outcome), out, dali
+        more = more_pairs(call.ratio, bar)
+        decides = (
+            f"about {more} more pair{'s' if more > 1 else ''} would decide it, should the gain "
+            f"hold (--budget {session.budget.needed(2 * more - 1)})"
+            if more is not None
+            else "the gain sits on the bar: no length of measuring would decide it"
+        )
+        outcome = (
+            f"measured in alternation, {gain}: {need} lies within that; either may be the "
+            f"answer, and {a.setting}, the smaller change, stays first; {decides}"
+        )
+        either = _measured(migration, call, f"either: {gain}; {decides}")
+        out = [_measured(loader, call, outcome), either, *rest]
+        dali = replace(dali, advice=f"either: {outcome}")
+    return _verification(session, base, top, call, outcome), one_each(out), dali
+
+
+def _measured(
+    recommendation: Recommendation, call: Alternation, note: str | None = None
+) -> Recommendation:
+    """A recommendation with its runs in alternation pooled as what it measured."""
+    runs = call.of(recommendation.change)
+    return replace(
+        recommendation,
+        measured_images_per_s=recommendation.measured_images_per_s if runs is None else runs.value,
+        notes=recommendation.notes if note is None else (*recommendation.notes, note),
+    )
+
+
+def _verification(
+    session: WarmSession, base: ProbeConfig, top: Recommendation, call: Alternation, outcome: str
+) -> Verification:
+    """The first recommendation's runs in alternation as its verification: their mean against
+    what it predicted."""
+    assert top.predicted_images_per_s is not None
+    runs = call.of(top.change)
+    assert runs is not None  # it ran first
+    was = Estimate(top.predicted_images_per_s, top.predicted_error, 0)
+    agrees = abs(runs.value - was.value) <= margin(runs, 1.0, was, drift=True)
+    busy = any(f.host_busy for run in call.runs for f in run_facts(session.store, run.run_id))
+    return Verification(
+        change=top.change,
+        predicted_images_per_s=was.value,
+        predicted_images_per_s_error=was.error,
+        measured_images_per_s=runs.value,
+        measured_images_per_s_error=runs.error,
+        agrees=agrees,
+        host_busy=busy,
+        run_id=next(run.run_id for run in call.runs if run.setting == top.setting),
+        in_turn=call.runs,
+        outcome=outcome,
+        precise=_precise(runs, base),
+    )
 
 
 def _disagreed(
@@ -322,11 +381,11 @@ def _disagreed(
     top = recommendations[0]
     predicted = verification.predicted_images_per_s
     if top.change == workers(baseline.setting):
-        return _yours_twice(session, verification, point, recommendations, baseline, verdict,
-                            dali, cores)  # fmt: skip
+        return _yours_twice(session, base, verification, point, recommendations, baseline,
+                            verdict, dali, cores)  # fmt: skip
     first = Estimate(predicted, top.predicted_error, point.blocks)
     worse = min(first, point.estimate, key=lambda e: e.value)
-    if _bears_out(top.change, baseline.estimate, worse, baseline.setting, dali, cores):
+    if _bears_out(top.change, baseline.estimate, worse, baseline.setting):
         both = pooled([first, point.estimate])
         spread = abs(first.value - point.images_per_s) / 2  # the runs differ: so may the next
         outcome = (
@@ -343,11 +402,12 @@ def _disagreed(
         )
         out = [stays, *recommendations[1:]]
         return replace(verification, outcome=outcome), out, dali
-    return _in_turn(session, base, verification, recommendations, baseline, dali, cores)
+    return _in_turn(session, base, verification, recommendations, baseline, dali)
 
 
 def _yours_twice(
     session: WarmSession,
+    base: ProbeConfig,
     verification: Verification,
     again: SweepPoint,
     recommendations: list[Recommendation],
@@ -358,7 +418,8 @@ def _yours_twice(
 ) -> tuple[Verification, list[Recommendation], DaliRun]:
     """Your setting ("no change") measured apart, beyond the errors and the drift, by its
     verification: the machine's rate moved between them. The answer keeps it, predicted at the
-    two runs' mean, and DALI is weighed against that again."""
+    two runs' mean, and DALI is weighed against that again: where it may now clear what a
+    migration must gain, the two are measured in alternation, and that decides."""
     both = pooled([baseline.estimate, again.estimate])
     moved = again.images_per_s / baseline.images_per_s - 1
     outcome = (
@@ -375,18 +436,18 @@ def _yours_twice(
         notes=(*recommendations[0].notes, outcome),
     )
     out = [top, *recommendations[1:]]
-    dali, worth = weigh_dali(session.store, dali, baseline, both, verdict, cores)
-    if worth and dali.change.setting not in {r.setting for r in out}:
-        # against your first run it was not worth it: either may be the answer, and the one
-        # measured twice stays first (the same first answer, whichever run the host favoured)
-        either = (
-            "either: against your setting's two runs DALI is worth the migration, against its "
-            "first it was not; it was measured once, not verified"
-        )
-        notes = [dali.freed.text] if dali.freed is not None else []
-        out.insert(1, dali_recommendation(dali, [*notes, either]))
-        outcome += "; against that, DALI is worth the migration: either (recommendation 2)"
-    return replace(verification, outcome=outcome), one_each(out), dali
+    verification = replace(verification, outcome=outcome)
+    dali, _ = weigh_dali(session.store, dali, baseline, both, verdict, cores)
+    if not dali_reach(dali, both):
+        return verification, one_each(out), dali
+    # against your first run DALI could not clear the bar; against the two it may: measured
+    # in alternation, as any close call, the pairs decide
+    notes = [dali.freed.text] if dali.freed is not None else []
+    out.insert(1, dali_recommendation(dali, notes))
+    called, out, dali = _dali_call(session, base, one_each(out), baseline, dali)
+    if called is None:
+        return verification, out, dali
+    return replace(called, outcome=f"{outcome}; {called.outcome}"), out, dali
 
 
 def _in_turn(
@@ -396,70 +457,51 @@ def _in_turn(
     recommendations: list[Recommendation],
     baseline: SweepPoint,
     dali: DaliRun,
-    cores: float,
 ) -> tuple[Verification, list[Recommendation], DaliRun]:
-    """A change its verification disagreed with, measured in turn with yours on the same warm
-    lanes (yours, the change, yours, the change, as the budget allows): it stays the answer,
-    predicted at its runs' mean, only where those runs bear it out against yours; else the
-    answer keeps yours, and says why."""
+    """A change its verification disagreed with, measured in alternation with yours on the
+    same warm lanes (yours first): it stays the answer, predicted at its runs' mean, only where
+    those pairs bear it out against yours (fewer workers as fast within KNEE_WITHIN, more
+    workers faster); else the answer keeps yours, and says why."""
     top = recommendations[0]
     yours = workers(baseline.setting)
-    turns = [(yours, with_setting(base, "num_workers", baseline.setting)),
-             (top.change, with_change(base, top.change))] * (IN_TURN // 2)  # fmt: skip
-    runs: list[InTurn] = []
-    # runs in turn as long as half the shorter of yours and the verification, or none
-    least = min(_measured_s(session.store, r) for r in (baseline.run_id, verification.run_id)) / 2
-    for position, (change, config) in enumerate(turns):
-        # the turns left share the budget, or, where that is too short, this pair alone
-        fitting = (n for n in (len(turns) - position - 1, 1 - position % 2)
-                   if session.budget.share(n) >= least)  # fmt: skip
-        later = next(fitting, None)
-        if session.stop.is_set() or config is None or later is None or not session.budget.fits():
-            break
-        label = f"in turn: {'yours, ' if change == yours else ''}{change.setting}"
-        document = session.measure(replace(config, label=label), later=later)
-        if document is None or document.status != RunStatus.COMPLETED.value:
-            break
-        point = point_of(session.store, document, 0)
-        runs.append(
-            InTurn(change.setting, point.images_per_s, point.images_per_s_error, document.run_id)
-        )
-    mine = [Estimate(r.images_per_s, r.images_per_s_error, 0) for r in runs if r.setting ==
-            yours.setting]  # fmt: skip
-    theirs = [Estimate(r.images_per_s, r.images_per_s_error, 0) for r in runs
-              if r.setting == top.setting]  # fmt: skip
+    fewer = isinstance(top.change.value, int) and top.change.value < baseline.setting
+    bar = 1 - KNEE_WITHIN if fewer else 1.0
+    # runs as long as half the shorter of yours and the verification
+    length = min(_measured_s(session.store, r) for r in (baseline.run_id, verification.run_id))
+    call = alternate(session, base, yours, top.change, bar, first=yours, length_s=length / 2,
+                     label="in alternation")  # fmt: skip
     refuted = _refuted(top, verification)
-    if not mine or not theirs:
+    mine, theirs = call.of(yours), call.of(top.change)
+    if mine is None or theirs is None:
         needed = session.budget.needed(1)
         outcome = (
-            f"{refuted}; the budget could not measure it in turn with yours (--budget {needed} "
-            f"would): the answer keeps yours"
+            f"{refuted}; the budget could not measure it in alternation with yours (--budget "
+            f"{needed} would): the answer keeps yours"
         )
         keep = keep_yours(baseline, baseline.estimate, outcome, None)
-        return (*_without(verification, runs, outcome, keep, recommendations), dali)
-    a, b = pooled(mine), pooled(theirs)
-    if _bears_out(top.change, a, b, baseline.setting, dali, cores):
-        outcome = (
-            f"{refuted}; measured in turn with yours, it gave {IMAGES_PER_S.text(b.value, b.error)}"
-            f" against {IMAGES_PER_S.text(a.value, a.error)}: it stays the answer, predicted at "
-            "its runs' mean"
-        )
+        return (*_without(verification, list(call.runs), outcome, keep, recommendations), dali)
+    against = (
+        f"measured in alternation with yours, it gave {IMAGES_PER_S.text(theirs.value)} against "
+        f"{IMAGES_PER_S.text(mine.value)} ({call.gain_text()})"
+    )
+    if call.decided == top.change:
+        outcome = f"{refuted}; {against}: it stays the answer, predicted at its runs' mean"
         stays = replace(
             top,
-            predicted_images_per_s=b.value,
-            predicted_error=b.error,
-            measured_images_per_s=theirs[-1].value,
-            basis=f"measured in turn with yours ({len(runs)} runs)",
+            predicted_images_per_s=theirs.value,
+            predicted_error=theirs.error,
+            measured_images_per_s=theirs.value,
+            basis=f"measured in alternation with yours ({len(call.runs)} runs)",
             notes=(*top.notes, outcome),
         )
         out = one_each([stays, *recommendations[1:]])
-        return replace(verification, in_turn=tuple(runs), outcome=outcome), out, dali
-    outcome = (
-        f"{refuted}; measured in turn with yours, it gave {IMAGES_PER_S.text(b.value, b.error)} "
-        f"against {IMAGES_PER_S.text(a.value, a.error)} for yours: the answer keeps yours"
-    )
-    keep = keep_yours(baseline, a, outcome, mine[-1].value)
-    return (*_without(verification, runs, outcome, keep, recommendations), dali)
+        return replace(verification, in_turn=call.runs, outcome=outcome), out, dali
+    why = "the answer keeps yours" if call.decided == yours else (
+        "either may be the answer, and yours, no change, stays first"
+    )  # fmt: skip
+    outcome = f"{refuted}; {against}: {why}"
+    keep = keep_yours(baseline, mine, outcome, mine.value)
+    return (*_without(verification, list(call.runs), outcome, keep, recommendations), dali)
 
 
 def _measured_s(store: Store, run_id: str | None) -> float:
@@ -478,19 +520,14 @@ def _refuted(top: Recommendation, verification: Verification) -> str:
     )
 
 
-def _bears_out(
-    change: Change, yours: Estimate, theirs: Estimate, setting: int, dali: DaliRun, cores: float
-) -> bool:
-    """Whether runs of a change, measured in turn with yours, bear it out: fewer workers as fast
-    within KNEE_WITHIN, more workers faster, DALI worth a migration (their errors and the drift
-    between runs allowed for)."""
+def _bears_out(change: Change, yours: Estimate, theirs: Estimate, setting: int) -> bool:
+    """Whether a run of a change of workers bears it out against yours: fewer workers as fast
+    within KNEE_WITHIN, more workers faster (their errors and the drift between runs allowed
+    for)."""
     if change.knob is Knob.NUM_WORKERS and isinstance(change.value, int):
         if change.value < setting:
             return at_least(theirs, 1 - KNEE_WITHIN, yours)
         return above(theirs, 1.0, yours)
-    if change.knob is Knob.PIPELINE:
-        measured_dali = replace(dali, images_per_s=theirs.value, images_per_s_error=theirs.error)
-        return dali_worth_it(yours, measured_dali, dali.freed)
     return False
 
 

@@ -11,6 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 from pipelines import Backend, BackendUnavailable, check_backend
+from probe.judge.changes import Knob, Recommendation
 from probe.judge.changes import workers as yours
 from probe.judge.dali_run import DaliRun
 from probe.judge.diagnosis import diagnose_run
@@ -27,7 +28,7 @@ from probe.judge.doctor.points import epochs_point, scaling_points
 from probe.judge.facts import run_facts
 from probe.judge.knee import SweepPoint, analyze_sweep, past_the_peak
 from probe.judge.model import Curve, run_curve
-from probe.judge.recommend import one_each, set_aside
+from probe.judge.recommend import below_the_answer, one_each, set_aside
 from probe.judge.results import (
     DALI,
     NOT_VERIFIED,
@@ -65,6 +66,11 @@ NEIGHBOUR_STEP = 0.25  # the setting beside the predicted knee: a quarter of it 
 # Where yours starves with the CPU saturated, DALI (decoding on the GPU, or on DALI's threads)
 # is what may gain: it is measured before any worker.
 DALI_FIRST = frozenset({VerdictKind.STARVED_CPU_SATURATED})
+DALI_AHEAD = "DALI measured worth the migration against yours: the workers were not searched"
+DALI_FELL_BACK = (
+    "not searched: DALI first measured worth the migration against yours, and the budget went "
+    "to checking it, which did not make it the answer; `probe sweep` searches the workers"
+)
 
 
 def run_doctor(
@@ -133,10 +139,7 @@ def run_doctor(
         ahead = dali is not None and weigh_dali(store, dali, baseline, baseline.estimate,
                                                  first, cores)[1]  # fmt: skip
         if ahead:  # the budget goes to checking DALI: no number of workers changes the answer
-            points.skip(
-                [v for v in grid if v != baseline.setting],
-                "DALI measured worth the migration against yours: the workers were not searched",
-            )
+            points.skip([v for v in grid if v != baseline.setting], DALI_AHEAD)
         elif curve is None:  # a term was not measured: the ladder, measured
             _search(points, grid, baseline, reserve)
         else:
@@ -156,12 +159,10 @@ def run_doctor(
         scaled = _scaling(session, base, analysis.knee, curve, dali, cores, scaling)
         # what is left of the budget reads your setting epoch by epoch: what its starts cost
         epochs = epochs_point(session, base, baseline, checked)
-        if verdict.reliable:
-            fixes = epoch_recommendations(store, epochs, baseline)
-            recommendations, losing = set_aside(
-                one_each([*recommendations, *fixes]), baseline.estimate, yours(baseline.setting)
-            )
-            asides = one_each([*asides, *losing])
+        fixes = epoch_recommendations(store, epochs, baseline) if verdict.reliable else None
+        recommendations, asides = _ranked(recommendations, asides, fixes, baseline)
+        if ahead and recommendations and recommendations[0].change.knob is not Knob.PIPELINE:
+            _dali_fell_back(points, recommendations)
     status, reason = points.status()
     if verification is None and status is RunStatus.COMPLETED and verdict.reliable:
         why = budget_short(budget) if not budget.fits() else "it is no change a session can run"
@@ -192,6 +193,36 @@ def run_doctor(
     )
     session.save(result)
     return result
+
+
+def _ranked(
+    recommendations: list[Recommendation],
+    asides: list[Recommendation],
+    fixes: list[Recommendation] | None,
+    baseline: SweepPoint,
+) -> tuple[list[Recommendation], list[Recommendation]]:
+    """The answer with the epoch reading's fixes (None: your setting's verdict is not relied
+    on): those measured below yours, and any change predicted below the answer, set aside
+    (`set_aside`, `below_the_answer`)."""
+    if fixes is not None:
+        recommendations, losing = set_aside(
+            one_each([*recommendations, *fixes]), baseline.estimate, yours(baseline.setting)
+        )
+        asides = [*asides, *losing]
+    recommendations, below = below_the_answer(recommendations)
+    return recommendations, one_each([*asides, *below])
+
+
+def _dali_fell_back(points: Points, recommendations: list[Recommendation]) -> None:
+    """DALI, measured worth the migration against yours, took the workers' share of the budget
+    and then was not the answer: the workers' points say so, and so does the answer."""
+    points.skipped = [
+        replace(item, reason=DALI_FELL_BACK) if item.reason == DALI_AHEAD else item
+        for item in points.skipped
+    ]
+    top = recommendations[0]
+    note = "the workers were not searched (the budget went to DALI): `probe sweep` searches them"
+    recommendations[0] = replace(top, notes=(*top.notes, note))
 
 
 def _scaling(

@@ -1,0 +1,162 @@
+"""A close call decided by measuring: two settings measured in alternation on the same warm lanes
+(A, B, A, B: what the host drifts by between pairs falls on both alike) until the interval of
+B's rate over A's clears a bar one way, or the budget ends: then either may be the answer, and
+A, the one that changes less, stays first. Every session that meets the same call answers it the
+same way: decided where its pairs decide it, "either" where they do not.
+
+`pair_ratio` and `decided` are pure (tested on recorded pairs); `alternate` measures.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from probe.judge.changes import Change
+from probe.judge.results import InTurn
+from probe.judge.session import WarmSession, point_of, with_change
+from probe.measure.config import ProbeConfig
+from probe.records import RunStatus
+from probe.steady import DRIFT, Estimate, pooled
+
+MAX_PAIRS = 5  # pairs measured at most: past that, a call this close is "either"
+MAX_MORE_PAIRS = 20  # past this many more pairs, the call is said to need longer than a session
+
+
+@dataclass(frozen=True)
+class Alternation:
+    """Two settings measured in alternation: their runs in order, B's rate over A's, the bar it
+    was held to, and which one it decided (None: either)."""
+
+    a: Change
+    b: Change
+    runs: tuple[InTurn, ...]
+    ratio: Estimate | None  # B over A, from adjacent pairs (None: no pair completed)
+    bar: float
+    decided: Change | None
+
+    def of(self, change: Change) -> Estimate | None:
+        """A setting's runs pooled (None: none measured)."""
+        mine = [
+            Estimate(r.images_per_s, r.images_per_s_error, 0)
+            for r in self.runs
+            if r.setting == change.setting
+        ]
+        return pooled(mine) if mine else None
+
+    @property
+    def pairs(self) -> int:
+        return len(self.runs) // 2
+
+    def gain_text(self) -> str:
+        """B against A, with its interval: '+22% ± 5% over 3 pairs'."""
+        if self.ratio is None:
+            return "no pair measured"
+        pairs = f"{self.pairs} pair{'s' if self.pairs != 1 else ''}"
+        error = f" ± {self.ratio.error:.0%}" if self.ratio.error is not None else ""
+        return f"{self.ratio.value - 1:+.0%}{error} over {pairs}"
+
+
+def pair_ratio(pairs: Sequence[tuple[Estimate, Estimate]]) -> Estimate | None:
+    """B over A from pairs of adjacent runs (a, b): their mean weighted by each pair's error, and
+    the 95% half-width of that mean. A pair's error holds both runs' own and DRIFT each (two runs
+    of one setting differ by more than their errors); where the pairs scatter more than those
+    errors allow, the error grows by the scatter (the Birge ratio). None: no pair with errors."""
+    ratios, errors = [], []
+    for a, b in pairs:
+        if a.value <= 0 or a.error is None or b.error is None:
+            continue
+        ratio = b.value / a.value
+        ratios.append(ratio)
+        errors.append(ratio * math.hypot(a.error / a.value, b.error / b.value, DRIFT, DRIFT))
+    if not ratios:
+        return None
+    weights = [1 / e**2 for e in errors]
+    mean = sum(w * r for w, r in zip(weights, ratios, strict=True)) / sum(weights)
+    error = 1 / math.sqrt(sum(weights))
+    if len(ratios) > 1:
+        scatter = sum(w * (r - mean) ** 2 for w, r in zip(weights, ratios, strict=True))
+        error *= max(1.0, math.sqrt(scatter / (len(ratios) - 1)))
+    return Estimate(mean, error, len(ratios))
+
+
+def decided(ratio: Estimate | None, bar: float) -> bool | None:
+    """Whether B clears `bar` times A (True), falls short of it (False), or the interval holds the
+    bar (None: either)."""
+    if ratio is None or ratio.error is None:
+        return None
+    if ratio.value - ratio.error > bar:
+        return True
+    if ratio.value + ratio.error < bar:
+        return False
+    return None
+
+
+def more_pairs(ratio: Estimate | None, bar: float) -> int | None:
+    """The pairs more than those measured that would decide the call, should B's gain hold where
+    it was measured (the error shrinking as one over the root of the pairs); None where that is
+    past MAX_MORE_PAIRS (the gain sits on the bar)."""
+    if ratio is None or ratio.error is None:
+        return None
+    distance = abs(ratio.value - bar)
+    if distance == 0:
+        return None
+    needed = math.ceil(ratio.blocks * (ratio.error / distance) ** 2) - ratio.blocks
+    return max(1, needed) if needed <= MAX_MORE_PAIRS else None
+
+
+def runs_pairs(runs: Sequence[InTurn], a: Change) -> list[tuple[Estimate, Estimate]]:
+    """Adjacent runs, two by two, as (A, B) pairs, whichever of them ran first."""
+    pairs = []
+    for first, second in zip(runs[::2], runs[1::2], strict=False):
+        one = Estimate(first.images_per_s, first.images_per_s_error, 0)
+        two = Estimate(second.images_per_s, second.images_per_s_error, 0)
+        pairs.append((one, two) if first.setting == a.setting else (two, one))
+    return pairs
+
+
+def alternate(
+    session: WarmSession,
+    base: ProbeConfig,
+    a: Change,
+    b: Change,
+    bar: float,
+    *,
+    first: Change,
+    length_s: float,
+    label: str,
+) -> Alternation:
+    """Measures `first`, then the other, and so on, a pair at a time while the budget fits a
+    whole pair, until the pairs decide B against `bar` times A or MAX_PAIRS were measured. Each
+    run measures at most `length_s` (it stops sooner once precise)."""
+    order = (first, b if first == a else a)
+    runs: list[InTurn] = []
+    result = Alternation(a, b, (), None, bar, None)
+    while len(runs) < 2 * MAX_PAIRS:
+        if session.stop.is_set() or not session.budget.fits(1):
+            break
+        pair = []
+        for change in order:
+            config = with_change(base, change)
+            if config is None or session.stop.is_set():
+                break
+            config = replace(config, label=f"{label}: {change.setting}")
+            document = session.measure(config, later=1, max_s=length_s)
+            if document is None or document.status != RunStatus.COMPLETED.value:
+                break
+            point = point_of(session.store, document, 0)
+            if not point.estimate.judged:
+                break
+            rate, error = point.images_per_s, point.images_per_s_error
+            pair.append(InTurn(change.setting, rate, error, document.run_id))
+        if len(pair) < 2:
+            break
+        runs += pair
+        ratio = pair_ratio(runs_pairs(runs, a))
+        verdict = decided(ratio, bar)
+        winner = None if verdict is None else (b if verdict else a)
+        result = Alternation(a, b, tuple(runs), ratio, bar, winner)
+        if winner is not None:
+            break
+    return result
