@@ -4,6 +4,7 @@ recommendation its own verification refutes is not the answer."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -186,7 +187,7 @@ def test_dali_first_is_decided_in_alternation_with_the_dataloader(
     assert verify is not None and verify["setting"].startswith("DALI"), document["reason"]
     runs = [run["setting"] for run in verify["in_turn"]]
     assert len(runs) >= 2 and runs[0] == verify["setting"], verify
-    assert all(a != b for a, b in zip(runs, runs[1:])), runs  # in alternation
+    assert all(a != b for a, b in itertools.pairwise(runs)), runs  # in alternation
     loader = runs[1]
     assert loader.startswith("num_workers="), runs
     settings = [r["setting"] for r in document["recommendations"]]

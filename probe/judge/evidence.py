@@ -223,10 +223,14 @@ def stage_evidence(facts: LaneFacts) -> list[Evidence]:
     everything = facts.figures.stage_ms()
     measured_cpu = facts.figures.cpu_ms_per_image
     if everything is not None and measured_cpu:
-        text += (
-            f"; with the training process's {everything - total:.2f} ms, the stages add up to "
-            f"{everything:.2f} ms of the {measured_cpu:.2f} ms the lane's processes used"
-        )
+        text += f"; with the training process's {everything - total:.2f} ms, the stages add up to "
+        if everything >= measured_cpu:  # two clocks (each thread's, the processes' sampled)
+            text += (
+                f"{everything:.2f} ms: all of the {measured_cpu:.2f} ms the lane's processes "
+                "used, within what the two clocks differ by"
+            )
+        else:
+            text += f"{everything:.2f} ms of the {measured_cpu:.2f} ms the lane's processes used"
     text += ")"
     if name == "decode" and facts.on_gpu:
         text += ": DALI's mixed decoder moves exactly that to the GPU"

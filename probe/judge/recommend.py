@@ -426,7 +426,7 @@ def _measured(action: str, point: SweepPoint, curve: Curve | None = None) -> Rec
         predicted = curve.images_per_s(point.setting)
         basis += (
             f"; the model predicted {IMAGES_PER_S.text(predicted)} "
-            f"(measured {against_text(point.images_per_s, predicted, 0)} against it)"
+            f"(measured {against_text(point.images_per_s, predicted)} against it)"
         )
     return Recommendation(
         action,

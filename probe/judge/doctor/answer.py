@@ -32,7 +32,7 @@ from probe.judge.session import Points, WarmSession, point_of, with_change
 from probe.judge.thresholds import EPOCH_START_SHARE, KNEE_POINTS, KNEE_WITHIN
 from probe.judge.verdicts import Verdict, VerdictKind
 from probe.measure.config import ProbeConfig
-from probe.metrics import CPU, IMAGES_PER_S, MEMORY, NVJPG
+from probe.metrics import CPU, IMAGES_PER_S, MEMORY, NVJPG, against_text
 from probe.records import RunStatus
 from probe.steady import MIN_BLOCKS, Estimate, above, at_least, margin, pooled
 from probe.store.db import Store
@@ -304,11 +304,10 @@ def _dali_call(
     need = f"the {bar - 1:.0%} a migration must gain"
     if call.decided == b:
         outcome = f"measured in alternation, {gain}: it clears {need}: DALI is the answer"
-        first, second = _measured(migration, call, outcome), _measured(loader, call)
-        out = [first, second, *rest]
+        out = [_measured(migration, call, top, outcome), _measured(loader, call, top), *rest]
     elif call.decided == a:
         outcome = f"measured in alternation, {gain}: short of {need}: {a.setting} is the answer"
-        out = [_measured(loader, call, outcome), *rest]
+        out = [_measured(loader, call, top, outcome), *rest]
         dali = replace(dali, advice=f"DALI is not worth the migration: {outcome}")
     else:
         more = more_pairs(call.ratio, bar)
@@ -322,20 +321,27 @@ def _dali_call(
             f"measured in alternation, {gain}: {need} lies within that; either may be the "
             f"answer, and {a.setting}, the smaller change, stays first; {decides}"
         )
-        either = _measured(migration, call, f"either: {gain}; {decides}")
-        out = [_measured(loader, call, outcome), either, *rest]
+        either = _measured(migration, call, top, f"either: {gain}; {decides}")
+        out = [_measured(loader, call, top, outcome), either, *rest]
         dali = replace(dali, advice=f"either: {outcome}")
     return _verification(session, base, top, call, outcome), one_each(out), dali
 
 
 def _measured(
-    recommendation: Recommendation, call: Alternation, note: str | None = None
+    recommendation: Recommendation,
+    call: Alternation,
+    verified: Recommendation,
+    note: str | None = None,
 ) -> Recommendation:
-    """A recommendation with its runs in alternation pooled as what it measured."""
+    """A recommendation with `note`, and where it is the one `verified`, its runs in alternation
+    pooled as what it measured again (the other's runs are in the note's gain)."""
     runs = call.of(recommendation.change)
+    again = recommendation.measured_images_per_s
+    if recommendation.change == verified.change and runs is not None:
+        again = runs.value
     return replace(
         recommendation,
-        measured_images_per_s=recommendation.measured_images_per_s if runs is None else runs.value,
+        measured_images_per_s=again,
         notes=recommendation.notes if note is None else (*recommendation.notes, note),
     )
 
@@ -421,10 +427,10 @@ def _yours_twice(
     two runs' mean, and DALI is weighed against that again: where it may now clear what a
     migration must gain, the two are measured in alternation, and that decides."""
     both = pooled([baseline.estimate, again.estimate])
-    moved = again.images_per_s / baseline.images_per_s - 1
+    moved = against_text(again.images_per_s, baseline.images_per_s)
     outcome = (
         f"your setting measured {IMAGES_PER_S.text(baseline.images_per_s)} and then "
-        f"{IMAGES_PER_S.text(again.images_per_s)} ({moved:+.0%}): more than their errors and "
+        f"{IMAGES_PER_S.text(again.images_per_s)} ({moved}): more than their errors and "
         f"the drift between runs; it is predicted at their mean, "
         f"{IMAGES_PER_S.text(both.value, both.error)}"
     )
@@ -516,7 +522,8 @@ def _refuted(top: Recommendation, verification: Verification) -> str:
     return (
         f"{top.setting} was predicted at {IMAGES_PER_S.text(top.predicted_images_per_s)} and "
         f"verified at {IMAGES_PER_S.text(verification.measured_images_per_s)} "
-        f"({verification.error_frac or 0.0:+.0%}), beyond their errors and the drift"
+        f"({against_text(verification.measured_images_per_s, verification.predicted_images_per_s)}"
+        "), beyond their errors and the drift"
     )
 
 
