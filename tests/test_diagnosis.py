@@ -358,7 +358,7 @@ def test_a_doctor_session_is_its_document_and_back() -> None:
     assert list(document["verify"]) == [
         "setting", "predicted_images_per_s", "predicted_images_per_s_error",
         "measured_images_per_s", "measured_images_per_s_error", "error_frac", "agrees",
-        "host_busy", "run_id", "in_turn", "outcome",
+        "host_busy", "run_id", "in_turn", "outcome", "precise", "verified",
     ]  # fmt: skip
     assert document["verify"]["setting"] == "num_workers=2"
     again = Session.from_json(document)
@@ -479,10 +479,10 @@ def test_doctor_on_a_small_budget(tmp_path: Path, photos: Path) -> None:
     predicted = {p["num_workers"]: p["images_per_s"] for p in document["curve"]["predicted"]}
     assert set(settings) <= set(predicted)
     assert all(p["images_per_s"] > 0 for p in document["sweep"])
-    if len(settings) >= 2:  # a knee is told only beside another point measured
-        assert document["knee"]["num_workers"] in settings
+    if len(settings) < 2 or verdict["kind"] == "host_busy":  # a knee is told only beside
+        assert document["knee"] is None  # another point measured, on a quiet host
     else:
-        assert document["knee"] is None
+        assert document["knee"]["num_workers"] in settings
     assert document["dali"]["images_per_s"] is not None or document["dali"]["reason"]
     assert document["elapsed_s"] < 50 + 15  # the budget holds, give or take the last run
     with Store(db) as store:

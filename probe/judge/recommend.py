@@ -110,14 +110,30 @@ def one_each(recommendations: Sequence[Recommendation]) -> list[Recommendation]:
 
 
 def below_the_answer(
-    recommendations: Sequence[Recommendation],
+    recommendations: Sequence[Recommendation], yours: Recommendation | None = None
 ) -> tuple[list[Recommendation], list[Recommendation]]:
     """The first recommendation, the answer, and those predicted no lower than it; and the
     changes predicted below it, set aside with what they cost against it (a change that gives
-    less than the answer is not recommended beside it)."""
-    if not recommendations or recommendations[0].predicted_images_per_s is None:
-        return list(recommendations), []
+    less than the answer is not recommended beside it). With `yours` (no change, as measured),
+    fewer workers predicted below it are no answer either: yours is (and where nothing is
+    left, yours is the answer)."""
+    recommendations = list(recommendations)
+    if not recommendations:
+        return ([] if yours is None else [yours]), []
+    if recommendations[0].predicted_images_per_s is None:
+        return recommendations, []
     first = recommendations[0]
+    rate = first.predicted_images_per_s
+    mine = None if yours is None else yours.predicted_images_per_s
+    if (
+        yours is not None
+        and rate is not None
+        and mine is not None
+        and first.change.knob is Knob.NUM_WORKERS
+        and first.change != yours.change
+        and rate < mine
+    ):
+        recommendations, first = [yours, *recommendations], yours
     answer = first.predicted_images_per_s
     assert answer is not None
     keep, aside = [first], []
@@ -131,7 +147,7 @@ def below_the_answer(
             f"against the answer, {first.setting} ({IMAGES_PER_S.text(answer)})"
         )
         aside.append(replace(item, notes=(*item.notes, cost)))
-    return keep, aside
+    return one_each(keep), aside
 
 
 def set_aside(

@@ -19,6 +19,7 @@ from probe.judge.facts import run_facts
 from probe.judge.knee import SweepAnalysis, SweepPoint
 from probe.judge.model import Curve
 from probe.judge.recommend import (
+    below_the_answer,
     dali_advice,
     dali_gain_needed,
     dali_recommendation,
@@ -166,8 +167,8 @@ def answer(
     if not verdict.reliable:
         return ranked, [], dali
     ranked, asides = set_aside(ranked, baseline.estimate, workers(baseline.setting))
-    if not ranked:
-        ranked = [keep_yours(baseline, baseline.estimate)]
+    ranked, below = below_the_answer(ranked, keep_yours(baseline, baseline.estimate))
+    asides = [*asides, *below]
     point = _point_of(analysis, ranked[0].change) or baseline
     dali, worth = weigh_dali(store, dali, point, point.estimate, verdict, cores)
     if worth or dali_reach(dali, point.estimate):  # a close call: below it, "either"

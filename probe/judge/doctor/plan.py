@@ -19,6 +19,7 @@ from probe.judge.doctor.answer import (
     answer,
     baseline_verdict,
     epoch_recommendations,
+    keep_yours,
     knee_told,
     verify,
     weigh_dali,
@@ -49,7 +50,7 @@ from probe.judge.session import (
     startup_guess,
 )
 from probe.judge.thresholds import KNEE_WITHIN, WAIT_MODERATE
-from probe.judge.verdicts import VerdictKind
+from probe.judge.verdicts import Verdict, VerdictKind
 from probe.measure.config import ProbeConfig, check_config
 from probe.measure.consumers import model_note
 from probe.measure.lane import Read
@@ -160,7 +161,7 @@ def run_doctor(
         # what is left of the budget reads your setting epoch by epoch: what its starts cost
         epochs = epochs_point(session, base, baseline, checked)
         fixes = epoch_recommendations(store, epochs, baseline) if verdict.reliable else None
-        recommendations, asides = _ranked(recommendations, asides, fixes, baseline)
+        recommendations, asides = _ranked(recommendations, asides, fixes, baseline, verdict)
         if ahead and recommendations and recommendations[0].change.knob is not Knob.PIPELINE:
             _dali_fell_back(points, recommendations)
     status, reason = points.status()
@@ -200,6 +201,7 @@ def _ranked(
     asides: list[Recommendation],
     fixes: list[Recommendation] | None,
     baseline: SweepPoint,
+    verdict: Verdict,
 ) -> tuple[list[Recommendation], list[Recommendation]]:
     """The answer with the epoch reading's fixes (None: your setting's verdict is not relied
     on): those measured below yours, and any change predicted below the answer, set aside
@@ -209,7 +211,8 @@ def _ranked(
             one_each([*recommendations, *fixes]), baseline.estimate, yours(baseline.setting)
         )
         asides = [*asides, *losing]
-    recommendations, below = below_the_answer(recommendations)
+    mine = keep_yours(baseline, baseline.estimate) if verdict.reliable else None
+    recommendations, below = below_the_answer(recommendations, mine)
     return recommendations, one_each([*asides, *below])
 
 
