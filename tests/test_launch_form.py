@@ -74,7 +74,7 @@ def check_defaults(at: AppTest, command: str, pipeline: str | None) -> None:
             note = next(f for f in options.flags(command) if f.name == f"--{name}").default_note
             if note is not None:  # said whole where it fits, else the help says it
                 text = f"default: {note}"
-                assert widget.proto.placeholder in (text, "default (its ? says which)")
+                assert widget.proto.placeholder in (text, "default: see the ? above")
                 assert f"[{text}]" in widget.proto.help, (command, name)
         else:
             assert widget.value == default, (command, name)

@@ -34,7 +34,7 @@ def placeholder(flag: options.Flag) -> str | None:
     if note is None:
         return None
     text = f"default: {note}"
-    return text if len(text) <= PLACEHOLDER_CHARS else "default (its ? says which)"
+    return text if len(text) <= PLACEHOLDER_CHARS else "default: see the ? above"
 
 
 def field(column: Any, command: str, flag: options.Flag) -> Any:

@@ -49,7 +49,7 @@ def follow(run: RunRecord, charts: bool) -> None:
         return
     latest = [
         f"lane {lane}: {cpu / 100:.1f} cores, training loop {main:.0f}%, {processes} "
-        f"processes, {threads} threads"
+        f"process{'' if processes == 1 else 'es'}, {threads} thread{'' if threads == 1 else 's'}"
         for lane, (cpu, main, processes, threads) in sorted(live.processes.items())
     ]
     if latest:

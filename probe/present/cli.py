@@ -294,9 +294,9 @@ def doctor(
     DALI (mixed on a GPU, cpu without), reads your setting epoch by epoch where the shard is
     short enough for epoch starts to matter, ranks the changes by measured throughput, and runs
     the first one again to check it. Every point is measured until its images/s is known within
-    --precision. The default consumer is a 30 ms step per batch: what ResNet-50 takes at batch
-    128 on one H200. On several GPUs it predicts how the job grows from 1 GPU to N on this
-    host's cores (--scaling measures it).
+    --precision. The default consumer is a simulated 30 ms step per batch, whatever the batch
+    size: at a GPU's batch of 128, about what ResNet-50 takes on one H200. On several GPUs it
+    predicts how the job grows from 1 GPU to N on this host's cores (--scaling measures it).
     """
     return measuring.doctor(pipeline, lanes, as_json, db, budget, scaling)
 

@@ -34,6 +34,7 @@ from probe.present.options import (
     PipelineArgs,
     check_budget,
     doctor_budget,
+    doctor_consumer_note,
     probe_config,
 )
 from probe.records import RunStatus
@@ -365,10 +366,8 @@ def doctor(
     threads = pipeline.threads or (min(8, cores) if on_gpu else cores)
     settings = ladder(cores)
     if lanes.consumer == DOCTOR_CONSUMER:
-        console.err.print(
-            f"consumer: {DOCTOR_CONSUMER}, a training step of 30 ms per batch (ResNet-50 takes "
-            "about that at batch 128 on one H200); give --consumer for yours"
-        )
+        note = doctor_consumer_note(config.spec.batch_size)
+        console.err.print(f"consumer: {DOCTOR_CONSUMER}, {note}; give --consumer for yours")
     scaled = ""
     if len(config.lanes) > 1:
         word = "GPU" if on_gpu else "lane"

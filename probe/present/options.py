@@ -51,6 +51,16 @@ BACKENDS = tuple(b.value for b in Backend)
 READS = ("stream", "epochs")  # probe.measure.lane.Read, which brings torch
 
 
+def doctor_consumer_note(batch_size: int) -> str:
+    """What the doctor's default consumer is, at a run's batch size: a simulated step, the same
+    30 ms whatever the batch; ResNet-50's on one H200 only at the batch that was timed (128)."""
+    step_ms = DOCTOR_CONSUMER.split(":")[1]
+    step = f"a simulated training step of {step_ms} ms per batch of {batch_size}"
+    if batch_size == GPU_BATCH_SIZE:
+        return f"{step}, about what ResNet-50 takes on one H200"
+    return f"{step}, a fixed wait that stands for your model's step"
+
+
 @dataclass(frozen=True)
 class Flag:
     """A measuring flag: its spelling, the stored configuration's field it sets, its type and

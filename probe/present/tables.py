@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from probe.judge.changes import Recommendation
-from probe.judge.results import EpochsRun, Session
+from probe.judge.results import EpochsRun, Session, SessionKind
 from probe.judge.thresholds import KNEE_WITHIN, Severity
 from probe.judge.verdicts import Verdict, VerdictKind
 from probe.metrics import (
@@ -291,28 +291,30 @@ def point_notes(session: Session) -> list[str]:
 
 
 def curve_lines(session: Session) -> list[str]:
-    """The predicted curve's terms and its knee, for people (none without a curve)."""
+    """The predicted curve's terms and its knee, for people (none without a curve); for a
+    doctor, also the setting it aims at: the fewest workers within half the knee's margin, so
+    that the curve's own error leaves the setting it measures within the margin."""
     curve = session.curve
     if curve is None or session.knob != "num_workers":
         return []
+
+    def at(setting: int) -> str:
+        rate = IMAGES_PER_S.text(curve.images_per_s(setting))
+        return f"num_workers={setting}, {rate} (bound by the {curve.bound(setting)})"
+
     knee = curve.knee(curve.settings())
-    close = curve.knee(curve.settings(), KNEE_WITHIN / 2)  # where the doctor aims
-    within = f"within {KNEE_WITHIN:.0%} of its best from num_workers={knee}"
-    if close == knee:  # one setting, said once
-        within = (
-            f"within {KNEE_WITHIN:.0%} (and {KNEE_WITHIN / 2:.1%}) of its best from "
-            f"num_workers={knee}"
+    line = (
+        f"predicted from run {curve.run_id} (num_workers={curve.workers}): the knee (the fewest "
+        f"workers within {KNEE_WITHIN:.0%} of its best) is {at(knee)}"
+    )
+    if session.kind is SessionKind.DOCTOR:
+        aim = curve.knee(curve.settings(), KNEE_WITHIN / 2)
+        line += (
+            f"; the doctor aims within {KNEE_WITHIN / 2:.1%} (half that, to leave room for the "
+            "curve's own error)"
+            + (f", and that is num_workers={knee} too" if aim == knee else f": {at(aim)}")
         )
-    else:
-        within += (
-            f", {IMAGES_PER_S.text(curve.images_per_s(knee))}, and within "
-            f"{KNEE_WITHIN / 2:.1%} from num_workers={close}"
-        )
-    return [
-        f"predicted from run {curve.run_id} (num_workers={curve.workers}): {within}, "
-        f"{IMAGES_PER_S.text(curve.images_per_s(close))} (bound by the {curve.bound(close)})",
-        f"its terms, measured: {curve.text}",
-    ]
+    return [line, f"its terms, measured: {curve.text}"]
 
 
 def consumer_line(session: Session) -> str | None:
