@@ -46,8 +46,8 @@ def test_a_starved_job_on_camera_sized_images_gets_an_answer(tmp_path: Path) -> 
     wall = time.monotonic() - started
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
-    assert document["budget_s"] == 90.0  # the default on the CPU
-    assert document["elapsed_s"] <= 90.0 + 10.0 and wall < 90.0 + 30.0  # the budget holds
+    assert document["budget_s"] == 120.0  # the default on the CPU
+    assert document["elapsed_s"] <= 120.0 + 10.0 and wall < 120.0 + 30.0  # the budget holds
     assert document["status"] == "completed"
     verdict = document["verdict"]
     assert verdict is not None and verdict["data_wait_frac"] > 0.2  # starved
