@@ -314,3 +314,15 @@ def test_workers_skipped_for_dali_say_so_when_dali_is_not_the_answer() -> None:
     assert [s.reason for s in points.skipped] == [DALI_FELL_BACK, "interrupted"]
     assert "the workers were not searched" in answer[0].notes[-1]
     assert answer[0].change.knob is Knob.NUM_WORKERS
+
+
+def test_a_budget_that_fits_no_pair_verifies_the_answer_alone_and_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    verification, out, _, session = the_call(
+        monkeypatch, {YOURS: [475], DALI: [600]}, 555.0, runs=1
+    )
+    assert [label.split(": ")[1] for label in session.labels] == [YOURS]
+    assert [r.setting for r in out] == [YOURS, DALI]  # as first measured
+    assert verification is not None and verification.verified
+    assert verification.outcome is not None and "fit no pair" in verification.outcome

@@ -7,7 +7,9 @@ from typing import Any
 import streamlit as st
 
 from app import common
+from probe.judge.results import Session, SessionKind
 from probe.present import charts as figures
+from probe.present.doctor_tables import dataloader_against_dali
 from probe.present.tables import brief_grid
 from probe.store.documents import RunBrief
 
@@ -18,6 +20,19 @@ def opening(rows: list[dict[str, Any]]) -> list[str]:
     session = rows[0]["session_id"]
     chosen = [row["run_id"] for row in rows if session and row["session_id"] == session]
     return chosen if len(chosen) >= 2 else [row["run_id"] for row in rows[:2]]
+
+
+def doctor_session(db: str, rows: list[dict[str, Any]]) -> Session | None:
+    """The doctor session every one of these runs belongs to; None where they are not all one
+    doctor session's."""
+    ids = {row["session_id"] for row in rows}
+    if len(ids) != 1 or None in ids:
+        return None
+    (session_id,) = ids
+    listed = next((r for r in common.sessions_listing(db) if r["session_id"] == session_id), None)
+    if listed is None or listed["kind"] != SessionKind.DOCTOR.value:
+        return None
+    return common.session(db, session_id, listed["status"])
 
 
 def compare_runs(db: str, rows: list[dict[str, Any]]) -> None:
@@ -46,12 +61,21 @@ def compare_runs(db: str, rows: list[dict[str, Any]]) -> None:
     )
     pipelines = {b.pipeline for b in briefs}
     if pipelines == {"torch", "dali"}:
-        best = {p: max(b.images_per_s for b in briefs if b.pipeline == p) for p in pipelines}
-        st.markdown(
-            f"**DataLoader against DALI**, of the {len(briefs)} runs shown: the best DataLoader "
-            f"run {best['torch']:,.0f} images/s, the best DALI run {best['dali']:,.0f} "
-            f"({best['dali'] / best['torch']:.2f}x)."
-        )
+        session = doctor_session(db, [by_id[run_id] for run_id in chosen])
+        line = None if session is None else dataloader_against_dali(session)
+        if session is not None and line is not None:
+            st.markdown(
+                f"**DataLoader against DALI**, as doctor session {session.session_id} "
+                "measured them (the figures of its Session page; its runs again, to verify or "
+                f"in turn, are not counted as rivals): {line}."
+            )
+        else:
+            best = {p: max(b.images_per_s for b in briefs if b.pipeline == p) for p in pipelines}
+            st.markdown(
+                f"**DataLoader against DALI**, of the {len(briefs)} runs shown: the best "
+                f"DataLoader run {best['torch']:,.0f} images/s, the best DALI run "
+                f"{best['dali']:,.0f} ({best['dali'] / best['torch']:.2f}x)."
+            )
         if len({b.consumer for b in briefs}) > 1:
             st.caption("These runs fed different consumers: compare runs of one consumer.")
 

@@ -94,6 +94,24 @@ def doctor_notes(session: Session) -> list[str]:
     return lines
 
 
+def dataloader_against_dali(session: Session) -> str | None:
+    """The DataLoader against DALI in a doctor session's own figures, those its answer gives
+    side by side: the best DataLoader setting it measured and DALI at its best, with their
+    errors; None where it did not measure both."""
+    best, dali = session.best, session.dali
+    if best is None or not best.images_per_s or dali is None or not dali.judged:
+        return None
+    assert dali.images_per_s is not None  # judged
+    scope = job_scope(session.devices)
+    loader = IMAGES_PER_S.text(best.images_per_s, best.images_per_s_error)
+    theirs = IMAGES_PER_S.text(dali.images_per_s, dali.images_per_s_error)
+    return (
+        f"the best DataLoader setting it measured, num_workers={best.setting}, {loader}{scope}; "
+        f"DALI at its best, {dali.change.setting.removeprefix('DALI ')}, {theirs}{scope} "
+        f"({dali.images_per_s / best.images_per_s:.2f}x)"
+    )
+
+
 def dali_grid(dali: DaliRun, devices: Sequence[str]) -> Grid:
     """The DALI settings the doctor's search measured, in order (decoder, num_threads and
     hw_decoder_load, the hardware decoder's share): why each, what was predicted and measured

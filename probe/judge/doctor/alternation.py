@@ -128,28 +128,26 @@ def alternate(
     label: str,
 ) -> Alternation:
     """Measures `first`, then the other, and so on, a pair at a time while the budget fits a
-    whole pair, until the pairs decide B against `bar` times A or MAX_PAIRS were measured. Each
-    run measures at most `length_s` (it stops sooner once precise)."""
+    whole pair, until the pairs decide B against `bar` times A or MAX_PAIRS were measured; where
+    no pair fits, `first` alone (its verification, no pair). Each run measures at most
+    `length_s` (it stops sooner once precise)."""
     order = (first, b if first == a else a)
     runs: list[InTurn] = []
     result = Alternation(a, b, (), None, bar, None)
-    while len(runs) < 2 * MAX_PAIRS:
-        if session.stop.is_set() or not session.budget.fits(1):
+    while len(runs) < 2 * MAX_PAIRS and not session.stop.is_set():
+        alone = not runs and not session.budget.fits(1)  # no pair fits: `first` alone
+        if alone and not session.budget.fits():
+            break
+        if not alone and not session.budget.fits(1):
             break
         pair = []
-        for change in order:
-            config = with_change(base, change)
-            if config is None or session.stop.is_set():
+        for change in order[:1] if alone else order:
+            run = _run(session, base, change, label, length_s)
+            if run is None:
                 break
-            config = replace(config, label=f"{label}: {change.setting}")
-            document = session.measure(config, later=1, max_s=length_s)
-            if document is None or document.status != RunStatus.COMPLETED.value:
-                break
-            point = point_of(session.store, document, 0)
-            if not point.estimate.judged:
-                break
-            rate, error = point.images_per_s, point.images_per_s_error
-            pair.append(InTurn(change.setting, rate, error, document.run_id))
+            pair.append(run)
+        if alone:
+            return Alternation(a, b, tuple(pair), None, bar, None)
         if len(pair) < 2:
             break
         runs += pair
@@ -160,3 +158,20 @@ def alternate(
         if winner is not None:
             break
     return result
+
+
+def _run(
+    session: WarmSession, base: ProbeConfig, change: Change, label: str, length_s: float
+) -> InTurn | None:
+    """One run of `change` in alternation (None: stopped, failed or too short to judge)."""
+    config = with_change(base, change)
+    if config is None or session.stop.is_set():
+        return None
+    config = replace(config, label=f"{label}: {change.setting}")
+    document = session.measure(config, later=1, max_s=length_s)
+    if document is None or document.status != RunStatus.COMPLETED.value:
+        return None
+    point = point_of(session.store, document, 0)
+    if not point.estimate.judged:
+        return None
+    return InTurn(change.setting, point.images_per_s, point.images_per_s_error, document.run_id)

@@ -301,6 +301,14 @@ def _dali_call(
                      label="in alternation")  # fmt: skip
     if not call.runs:
         return None, recommendations, dali
+    if not call.pairs:  # its verification alone: the answer stands as first measured
+        rival = b if top.change == a else a
+        outcome = (
+            f"the budget fit no pair in alternation with {rival.setting} (--budget "
+            f"{session.budget.needed(1)} would): the answer stands as first measured"
+        )
+        out = [_measured(top, call, top), *recommendations[1:]]
+        return _verification(session, base, top, call, outcome), out, dali
     gain = f"DALI gave {call.gain_text()} on {a.setting}"
     need = f"the {bar - 1:.0%} a migration must gain"
     if call.decided == b:
