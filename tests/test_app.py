@@ -8,6 +8,7 @@ import base64
 import json
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +19,10 @@ from streamlit.testing.v1 import AppTest
 from helpers import probe_cli
 from pipelines.sample_data import SampleParams, make_sample_dataset
 from probe.judge.changes import Recommendation, to_dali, workers
+from probe.judge.model import Curve
 from probe.judge.results import Session, SessionKind, Verification
 from probe.judge.thresholds import Severity
-from probe.judge.verdicts import Verdict, VerdictKind
+from probe.judge.verdicts import TITLES, Verdict, VerdictKind
 from probe.metrics import DATA_WAIT, IMAGES_PER_S, against
 from probe.present import launch
 from probe.present.charts import (
@@ -33,7 +35,15 @@ from probe.present.charts import (
 )
 from probe.present.doctor_tables import dataloader_against_dali, doctor_lines
 from probe.present.listing import run_rows, running_runs
-from probe.present.tables import headline, measured_again, recommendation_text, verification_summary
+from probe.present.options import CPU_BATCH_SIZE, GPU_BATCH_SIZE, doctor_consumer_note
+from probe.present.tables import (
+    curve_lines,
+    headline,
+    measured_again,
+    recommendation_text,
+    short,
+    verification_summary,
+)
 from probe.records import LaunchRecord, RunStatus, SessionRecord
 from probe.store.db import Store
 from probe.store.series import run_series, slowest_lanes
@@ -126,6 +136,7 @@ def test_an_empty_store_offers_one_button_and_every_page_says_what_to_do(
     no_errors(at)
     assert [b.label for b in at.button] == ["Run the doctor on the built-in sample data"]
     assert "No runs yet. Is your GPU waiting for data?" in texts(at.info)[0]
+    assert doctor_consumer_note(CPU_BATCH_SIZE) in texts(at.info)[0]  # no GPU: the CPU's batch
     for page, message in [
         ("live", "No probe is running now."),
         ("run", "No runs yet: start one on the Launch page, or from the Runs page."),
@@ -199,6 +210,7 @@ def test_a_failed_first_visit_says_why_on_runs_and_live_with_the_click_on(
     sessions = table(at, "answer")
     assert [row["session"] for row in sessions] == ["doctor-1"]
     assert sessions[0]["answer"].startswith("no answer: your setting, num_workers=2")
+    assert f"- **doctor-1**: no answer: {session.reason}" in texts(at.markdown)  # whole
     next(b for b in at.button if b.label.startswith("Run it again")).click().run()
     assert again == [100]
 
@@ -230,6 +242,16 @@ def test_runs_lists_every_run_with_its_verdict_and_filters(
     two = next(row for row in rows if row["run"] == filled["two"]["run_id"])
     assert two["images/s"] == round(filled["two"]["images_per_s"])
     assert two["devices"] == "cpu x2"
+    # a verdict too long for its cell is shortened there, and written whole under the table
+    cells = {row["verdict"].removesuffix(" (partial)") for row in rows}
+    titles = set(TITLES.values())
+    whole = [line for text in texts(at.markdown) for line in text.splitlines()]
+    for cell in cells - titles:
+        shown = cell.removesuffix("…")
+        assert cell.endswith("…") and any(f"- **{shown}**{t[len(shown) :]}" in whole
+                                          for t in titles if t.startswith(shown))  # fmt: skip
+    for cell in cells & titles:
+        assert not any(line.startswith(f"- **{cell}") for line in whole)
 
     at.multiselect(key="runs-status").set_value(["failed"]).run()
     assert [row["run"] for row in table(at, "verdict")] == [filled["failed"]["run_id"]]
@@ -353,13 +375,12 @@ def test_the_session_page_gives_the_doctors_answer_and_its_curve(
     shown = "\n".join(texts(at.markdown))
     top = Recommendation.from_json(doctor["recommendations"][0])
     assert f"1. **{recommendation_text(top)}**" in shown
-    metrics = {m.label: m.value for m in at.metric}
+    metrics = {m.label: m.value for m in at.metric}  # short labels: a metric's is cut to a line
     yours = next(p for p in doctor["sweep"] if p["run_id"] == doctor["verdict"]["run_id"])
-    assert metrics[f"yours, num_workers={yours['num_workers']}"] == IMAGES_PER_S.cell(
-        yours["images_per_s"], yours["images_per_s_error"]
-    )
+    assert metrics["yours"] == IMAGES_PER_S.cell(yours["images_per_s"], yours["images_per_s_error"])
+    assert f"num_workers={yours['num_workers']}" in texts(at.caption)  # its setting, whole
     dali = doctor["dali"]
-    assert any(label.startswith("DALI, ") for label in metrics)
+    assert "DALI" in metrics
     points = [p for p in table(at, "num_workers") if not p["marks"].startswith("not run")]
     assert [p["num_workers"] for p in points] == [str(p["num_workers"]) for p in doctor["sweep"]]
     (curve,) = charts(at)
@@ -397,15 +418,23 @@ def test_the_verified_figure_is_signed_measured_against_predicted() -> None:
 def test_runs_lists_the_sessions_with_their_answers(
     monkeypatch: pytest.MonkeyPatch, filled: dict[str, Any]
 ) -> None:
+    """Each session in the table, its answer shortened to its cell, and whole under it."""
     at = app(monkeypatch, filled["db"])
     no_errors(at)
     rows = table(at, "answer")
     doctor, sweep = filled["doctor"], filled["sweep"]
     assert [row["session"] for row in rows] == [sweep["session_id"], doctor["session_id"]]
-    assert rows[1]["answer"] == headline(Verdict.from_json(doctor["verdict"]))
+    told = headline(Verdict.from_json(doctor["verdict"]))
+    assert rows[1]["answer"] == short(told, clauses=False)
     top = Recommendation.from_json(doctor["recommendations"][0])
-    assert rows[1]["top recommendation"] == recommendation_text(top)
-    assert rows[0]["answer"] == f"knee at num_workers={sweep['knee']['num_workers']}"
+    assert rows[1]["first recommendation"] == short(recommendation_text(top))
+    knee = f"knee at num_workers={sweep['knee']['num_workers']}"
+    assert rows[0]["answer"] == knee
+    (whole,) = [text for text in texts(at.markdown) if doctor["session_id"] in text]
+    assert whole.splitlines() == [
+        f"- **{sweep['session_id']}**: {knee}",
+        f"- **{doctor['session_id']}**: {told}; first recommendation: {recommendation_text(top)}",
+    ]
 
 
 def test_a_failed_run_shows_what_it_recorded_and_why_it_failed(
@@ -593,6 +622,33 @@ def test_a_setting_has_one_prediction_and_verified_is_said_only_of_what_was_run_
     assert "verified 379" not in text and "verified: " not in text
 
 
+def test_the_knee_and_the_doctors_aim_are_each_said_once_and_plainly() -> None:
+    """The curve's knee (within 5% of its best), and for a doctor the setting it aims at
+    (within 2.5%, half that, for the curve's own error): one statement each, the second said
+    as the same setting where it is."""
+    apart = Curve("r1", 2, 32, 10.0, 16, 0.1, 0.0, 1.0, 30.0, 30.0)  # knee 12, aim 13
+    doctor = Session(SessionKind.DOCTOR, "doctor-1", RunStatus.COMPLETED, None, "now",
+                     "sleep:30", 90, 60, curve=apart)  # fmt: skip
+    knee = "the knee (the fewest workers within 5% of its best) is num_workers=12, "
+    aim = "the doctor aims within 2.5% (half that, to leave room for the curve's own error): "
+    line = curve_lines(doctor)[0]
+    assert knee in line and f"{aim}num_workers=13, " in line and "(and " not in line
+    one = replace(doctor, curve=Curve("r1", 2, 32, 2.5, 2, 0.1, 0.0, 1.0, 30.0, 30.0))
+    line = curve_lines(one)[0]
+    assert line.endswith("own error), and that is num_workers=2 too")
+    assert "doctor" not in curve_lines(replace(doctor, kind=SessionKind.SWEEP))[0]
+
+
+def test_the_default_consumer_is_said_to_be_resnet_50_only_at_its_batch() -> None:
+    """The 30 ms step stands for ResNet-50 at batch 128 on one H200: said at a GPU's batch,
+    never at the CPU's 32."""
+    gpu, cpu = doctor_consumer_note(GPU_BATCH_SIZE), doctor_consumer_note(CPU_BATCH_SIZE)
+    assert gpu.startswith("a simulated training step of 30 ms per batch of 128")
+    assert "ResNet-50" in gpu
+    assert cpu.startswith("a simulated training step of 30 ms per batch of 32")
+    assert "ResNet" not in cpu and "128" not in cpu
+
+
 H200_DOCTOR = (
     Path(__file__).parent / "benchmarks" / "results" / "2026-11-26-dali-tuning" / "doctor4"
 )
@@ -616,8 +672,8 @@ def test_a_doctors_dali_search_reads_on_its_page_and_in_its_report(
     shown = "\n".join(texts(at.markdown))
     assert "what holds DALI there: its CPU threads" in shown
     assert "DaliOptions(num_threads=2, decoder=Decoder.MIXED, hw_decoder_load=1)" in shown
-    metrics = {m.label for m in at.metric}
-    assert "DALI, mixed decoder, 2 threads, share 1" in metrics
+    assert "DALI" in {m.label for m in at.metric}
+    assert "mixed decoder, 2 threads, share 1" in texts(at.caption)
     report = tmp_path / "doctor.html"
     result = probe_cli("report", session_id, "-o", report, "--db", db)
     assert result.returncode == 0, result.stderr

@@ -28,12 +28,14 @@ from helpers import CHROMIUM_ARGS, chromium, free_port, probe_cli
 from probe.judge.changes import Recommendation
 from probe.judge.results import read_session
 from probe.judge.verdicts import Verdict
+from probe.present.doctor_tables import dataloader_against_dali
+from probe.present.listing import session_rows
 from probe.present.tables import headline, recommendation_text
 from probe.records import RunStatus
 from probe.store.db import Store
 
 if TYPE_CHECKING:
-    from playwright.sync_api import Download, Page
+    from playwright.sync_api import Download, Locator, Page
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / ".artifacts"
@@ -119,8 +121,11 @@ def test_a_first_visit_runs_the_doctor_and_lands_on_its_answer(
         start.click()
 
         expect(page.get_by_role("heading", name="Live")).to_be_visible()
-        expect(page.get_by_text("1 point(s) so far").first).to_be_visible(timeout=180_000)
+        expect(page.get_by_text("1 point so far").first).to_be_visible(timeout=180_000)
         expect(page.get_by_text("Processes now").first).to_be_visible(timeout=60_000)
+        point = page.locator("li").filter(has_text=" images/s, data-wait ").first
+        expect(point).to_be_visible()  # the points so far, a line each, whole at 1,400 px
+        _whole(point)
         page.screenshot(path=str(ARTIFACTS / "2-live-doctor.png"), full_page=True)
 
         expect(page.get_by_role("heading", name="Its runs")).to_be_visible(timeout=240_000)
@@ -137,29 +142,70 @@ def test_a_first_visit_runs_the_doctor_and_lands_on_its_answer(
         basis = f"the doctor session's, measured: {session}"
         expect(page.get_by_text(basis)).to_be_visible()
         page.screenshot(path=str(ARTIFACTS / "4-run-page.png"), full_page=True)
+        _runs_whole(page, url, db, session)
         _compare_and_launch(page, url, db, session)
         browser.close()
     assert hosts == {"localhost"}  # no usage statistics, no fonts or scripts from elsewhere
 
 
 def _compare_and_launch(page: Page, url: str, db: Path, session: str) -> None:
-    """Compare opens on the session's runs, all of them, with the best of those it shows and no
-    GPU panel on the CPU; Launch opens on the doctor."""
+    """Compare opens on the session's runs, all of them, with the DataLoader against DALI in the
+    session's own figures and no GPU panel on the CPU; Launch opens on the doctor."""
     from playwright.sync_api import expect
 
     with Store(db) as store:
-        runs = read_session(store, session).run_ids
+        doctor = read_session(store, session)
+    runs, told = doctor.run_ids, dataloader_against_dali(doctor)
     page.goto(f"{url}/compare")
     expect(page.get_by_role("heading", name="Compare")).to_be_visible()
-    expect(page.get_by_text(f"of the {len(runs)} runs shown")).to_be_visible()
+    if told is None:  # the doctor did not judge both: the best of the runs shown
+        expect(page.get_by_text(f"of the {len(runs)} runs shown")).to_be_visible()
+    else:  # the session's own figures, as its Session page gives them
+        expect(page.get_by_text(f"as doctor session {session} measured them")).to_be_visible()
+        expect(page.get_by_text(told)).to_be_visible()
     expect(page.locator(".js-plotly-plot .main-svg").first).to_be_visible()
     expect(page.get_by_text("data-wait", exact=True).first).to_be_attached()  # the table is drawn
     expect(page.get_by_text("GPU busy")).to_have_count(0)
-    page.screenshot(path=str(ARTIFACTS / "5-compare.png"), full_page=True)
+    page.screenshot(path=str(ARTIFACTS / "6-compare.png"), full_page=True)
     page.goto(f"{url}/launch")
     expect(page.get_by_role("heading", name="Launch", exact=True)).to_be_visible()
     expect(page.get_by_role("radio", name="doctor")).to_be_checked()
-    page.screenshot(path=str(ARTIFACTS / "6-launch.png"), full_page=True)
+    page.screenshot(path=str(ARTIFACTS / "7-launch.png"), full_page=True)
+
+
+WHOLE = """e => {
+    let box = e;  // the block the text is laid out in
+    while (getComputedStyle(box).display.startsWith('inline')) box = box.parentElement;
+    if (box.scrollWidth > box.clientWidth + 1) return 'cut by its box: ' + box.textContent;
+    const edge = box.getBoundingClientRect();
+    return edge.left < 0 || edge.right > window.innerWidth ? 'past the window' : null;
+}"""
+
+
+def _whole(locator: Locator) -> None:
+    """The element's text is all shown: nothing of it cut by the box it is laid out in (a
+    metric's label, say, cut to one line with '...'), nor by the window's edge."""
+    cut = locator.evaluate(WHOLE)
+    assert cut is None, cut
+
+
+def _runs_whole(page: Page, url: str, db: Path, session: str) -> None:
+    """At 1,400 px the Runs page writes the session's answer whole under its table (the table's
+    cells are shortened), and the verdicts its runs' table shortens."""
+    from playwright.sync_api import expect
+
+    with Store(db) as store:
+        (row,) = session_rows(store)
+    page.goto(url)
+    expect(page.get_by_role("heading", name="Sessions")).to_be_visible()
+    answer = page.locator("li").filter(has_text=f"{session}: ")
+    expected = f"{session}: {row.answer}" + (
+        "" if row.recommendation == "-" else f"; first recommendation: {row.recommendation}"
+    )
+    expect(answer).to_have_text(expected.replace("`", ""))  # code marks drawn, not written
+    for line in page.get_by_test_id("stMarkdownContainer").locator("li").all():
+        _whole(line)
+    page.screenshot(path=str(ARTIFACTS / "5-runs.png"), full_page=True)
 
 
 def _the_answer_agrees(page: Page, db: Path) -> str:
@@ -175,9 +221,18 @@ def _the_answer_agrees(page: Page, db: Path) -> str:
     shown = json.loads(probe_cli("show", "last", "--db", db, "--json").stdout)
     assert shown["session_id"] == session.session_id
     top = Recommendation.from_json(shown["recommendations"][0])
-    agreed = shown["verify"] is None or shown["verify"]["agrees"]
+    verify = shown["verify"]  # "verified" where the run again bore the prediction out
+    agreed = verify is None or verify.get("verified", verify["agrees"])
     expect(page.get_by_text(recommendation_text(top, "", agreed))).to_be_visible()
     expect(page.get_by_text(headline(Verdict.from_json(shown["verdict"])))).to_be_visible()
+    # at 1,400 px, the answer whole: its verdict, its recommendation, and each tile's setting
+    _whole(page.get_by_text(recommendation_text(top, "", agreed)))
+    _whole(page.get_by_text(headline(Verdict.from_json(shown["verdict"]))))
+    settings = page.get_by_test_id("stCaptionContainer").filter(has_text="num_workers=")
+    expect(settings.first).to_be_visible()
+    recommended = page.get_by_text(top.setting, exact=True)  # its tile's setting
+    for setting in settings.all() + ([] if top.predicted_images_per_s is None else [recommended]):
+        _whole(setting.first)
     text = probe_cli("show", "last", "--db", db).stdout
     assert f"1. {top.setting}: {top.action}" in text
     report = probe_cli("report", "last", "--db", db).stdout.replace("\\", "")  # md escapes

@@ -11,6 +11,8 @@ progress, what they print) and how the last ones ended.
 
 from __future__ import annotations
 
+from typing import Any
+
 import streamlit as st
 
 from app import common
@@ -75,25 +77,21 @@ def session_progress(session_id: str, now: RunRecord | None) -> None:
     done = [r for r in reversed(rows) if now is None or r["run_id"] != now.run_id]
     what = "doctor" if session_id.startswith("doctor-") else "sweep"
     step = f"measuring {now.label or now.pipeline}" if now is not None else "between points"
-    st.markdown(
-        f"**{what.capitalize()} session {session_id}**: {len(done)} point(s) so far; {step}"
+    count = f"{len(done)} point{'' if len(done) == 1 else 's'}"
+    st.markdown(f"**{what.capitalize()} session {session_id}**: {count} so far; {step}")
+    if done:  # in words, each whole (a table's cells are cut to its columns)
+        st.markdown("\n".join(f"- {point_line(r)}" for r in done))
+
+
+def point_line(row: dict[str, Any]) -> str:
+    """A session's point measured, in Markdown: its setting, images/s and data-wait, how it
+    ended, its run."""
+    wait = f"{DATA_WAIT.label} {DATA_WAIT.text(row['data_wait_frac'])}"
+    what = common.markdown_text(row["label"] or row["pipeline"])
+    return (
+        f"**{what}**: {IMAGES_PER_S.text(row['images_per_s'])}, {wait} "
+        f"({row['status']}, run {row['run_id']})"
     )
-    if done:
-        st.dataframe(
-            [
-                {
-                    "point": r["label"] or r["pipeline"],
-                    IMAGES_PER_S.heading: IMAGES_PER_S.cell(r["images_per_s"]),
-                    DATA_WAIT.heading: DATA_WAIT.cell(r["data_wait_frac"]),
-                    "status": r["status"],
-                    "run": r["run_id"],
-                }
-                for r in done
-            ],
-            hide_index=True,
-            width="stretch",
-            key=f"live-points-{session_id}",
-        )
 
 
 def launch_state(launches: list[LaunchRecord]) -> bool:
@@ -115,7 +113,7 @@ def launch_state(launches: list[LaunchRecord]) -> bool:
         st.info(f"{item.launch_id} (probe {item.command}) is starting; this page follows it.")
         if progress is not None and progress.done < progress.total:
             st.progress(progress.share, text=progress.line)
-        st.code(log or "(nothing printed yet)", language=None)
+        st.code(log or "(nothing printed yet)", language=None, wrap_lines=True)
     for item in ended[:3]:
         if item.status.value == "failed":
             common.launch_failed(item, "live")

@@ -15,21 +15,26 @@ from app import common
 from probe.measure.devices import cuda_devices
 from probe.metrics import DATA_WAIT, IMAGES_PER_S
 from probe.present import launch
-from probe.present.options import DOCTOR_BUDGET_S, DOCTOR_CONSUMER
-from probe.present.tables import PIPELINE_ONLY_WAIT, pipeline_only
+from probe.present.options import (
+    CPU_BATCH_SIZE,
+    DOCTOR_BUDGET_S,
+    GPU_BATCH_SIZE,
+    doctor_consumer_note,
+)
+from probe.present.tables import PIPELINE_ONLY_WAIT, pipeline_only, short
 
 
 def welcome() -> None:
     devices = cuda_devices()
     where = f"{len(devices)} visible GPU(s)" if devices else "the CPU (no CUDA GPU is visible)"
     budget = DOCTOR_BUDGET_S["gpu" if devices else "cpu"]
+    batch = GPU_BATCH_SIZE if devices else CPU_BATCH_SIZE
     st.info(
         "No runs yet. Is your GPU waiting for data? The doctor finds out on the built-in sample "
         f"data (1000 JPEGs, written into your cache folder the first time), on {where}: it "
         "measures the PyTorch DataLoader at your setting and around its knee, then DALI, "
-        f"feeding a training step of {DOCTOR_CONSUMER.split(':')[1]} ms per batch (what "
-        "ResNet-50 takes on one H200), and says whether the step starves, why, and what to "
-        f"change, with the images/s it predicts and then verifies. About {budget:.0f} s."
+        f"feeding {doctor_consumer_note(batch)}, and says whether the step starves, why, and "
+        f"what to change, with the images/s it predicts and then verifies. About {budget:.0f} s."
     )
     if st.button("Run the doctor on the built-in sample data", key="runs-first", type="primary"):
         gpus = tuple(d.index for d in devices) or None
@@ -38,28 +43,54 @@ def welcome() -> None:
         st.switch_page("views/live.py")
 
 
+VERDICT_CHARS = 44  # a verdict's cell: with the figures beside it, the table fits 1,400 px
+SESSIONS_IN_FULL = 5  # the newest sessions whose answers are written out under their table
+
+
 def sessions(rows: list[dict[str, Any]]) -> None:
-    """The doctor and sweep sessions, newest first; one opens on the Session page."""
+    """The doctor and sweep sessions, newest first; one opens on the Session page. The table's
+    answers are `short`; under it the newest ones (and the one selected) are written whole."""
     st.subheader("Sessions")
     table = [
         {
             "session": row["session_id"],
+            "answer": short(row["answer"], clauses=False),
+            "first recommendation": short(row["recommendation"]),
             "status": row["status"],
             "consumer": row["consumer"],
             "devices": row["devices"],
-            "answer": row["answer"],
-            "top recommendation": row["recommendation"],
             "runs": row["runs"],
             "created (UTC)": row["created"].replace("T", " ").rstrip("Z"),
         }
         for row in rows
     ]
-    opener(table, "session", "runs-sessions", ("answer", "top recommendation"))
+    chosen = opener(table, "session", "runs-sessions")
+    whole = rows[:SESSIONS_IN_FULL] + [
+        row for row in rows[SESSIONS_IN_FULL:] if row["session_id"] == chosen
+    ]
+    st.markdown("\n".join(f"- {answer_line(row)}" for row in whole))
+    if len(rows) > len(whole):
+        st.caption(
+            f"The answers of the {SESSIONS_IN_FULL} newest sessions; select another to read its "
+            "answer here, or open it on the Session page."
+        )
 
 
-def opener(table: list[dict[str, Any]], what: str, key: str, long: tuple[str, ...]) -> None:
+def answer_line(row: dict[str, Any]) -> str:
+    """A session's answer whole, in Markdown: its verdict (a sweep's knee), and a doctor's
+    first recommendation with its images/s."""
+    text = f"**{row['session_id']}**: {common.markdown_text(row['answer'])}"
+    if row["recommendation"] != "-":
+        text += f"; first recommendation: {common.markdown_text(row['recommendation'])}"
+    return text
+
+
+def opener(
+    table: list[dict[str, Any]], what: str, key: str, wide: tuple[str, ...] = ()
+) -> str | None:
     """A table of runs or sessions, one selectable; a button opens the one selected on its
-    page (the Run or Session page; `what` is the id's column and the page's parameter)."""
+    page (the Run or Session page; `what` is the id's column and the page's parameter). The
+    id of the one selected, if any."""
     event = st.dataframe(
         table,
         key=key,
@@ -67,13 +98,15 @@ def opener(table: list[dict[str, Any]], what: str, key: str, long: tuple[str, ..
         width="stretch",
         on_select="rerun",
         selection_mode="single-row",
-        column_config={column: st.column_config.TextColumn(width="large") for column in long},
+        column_config={column: st.column_config.TextColumn(width="medium") for column in wide},
     )
     selected = event.selection.rows if event is not None else []
-    if selected:
-        chosen = table[selected[0]][what]
-        if st.button(f"Open {what} {chosen}", key=f"{key}-open", type="primary"):
-            st.switch_page(f"views/{what}.py", query_params={what: chosen})
+    if not selected:
+        return None
+    chosen = str(table[selected[0]][what])
+    if st.button(f"Open {what} {chosen}", key=f"{key}-open", type="primary"):
+        st.switch_page(f"views/{what}.py", query_params={what: chosen})
+    return chosen
 
 
 @common.page
@@ -114,28 +147,40 @@ def main() -> None:
     if not shown:
         st.info(f"None of the {len(rows)} runs matches these filters.")
         return
-    table = []
+    table, verdicts = [], {}
     for row in shown:
         verdict = common.diagnosis(db, row["run_id"], common.version_of(row)).verdict
+        cell = short(verdict.title, VERDICT_CHARS, clauses=False)
+        verdicts[cell] = verdict.title
         table.append(
             {
                 "run": row["run_id"],
-                "label": row["label"] or "",
-                "status": row["status"],
-                "pipeline": row["pipeline"],
-                "consumer": row["consumer"],
-                "devices": row["devices"],
+                "verdict": cell + (" (partial)" if verdict.partial else ""),
                 IMAGES_PER_S.heading: round(row["images_per_s"]),
                 DATA_WAIT.heading: PIPELINE_ONLY_WAIT
                 if pipeline_only(row["consumer"])
                 else DATA_WAIT.cell(row["data_wait_frac"]),
-                "verdict": verdict.title + (" (partial)" if verdict.partial else ""),
+                "label": row["label"] or "",
+                "pipeline": row["pipeline"],
+                "status": row["status"],
+                "consumer": row["consumer"],
+                "devices": row["devices"],
                 "session": row["session_id"] or "",
                 "created (UTC)": row["created"].replace("T", " ").rstrip("Z"),
             }
         )
     st.caption(f"{len(shown)} of {len(rows)} runs; select one to open it")
-    opener(table, "run", "runs-table", ("verdict",))
+    opener(table, "run", "runs-table")
+    whole = [whole_text(head, title) for head, title in sorted(verdicts.items()) if head != title]
+    if whole:  # the verdicts the table shortens
+        st.markdown("\n".join(f"- {line}" for line in whole))
+
+
+def whole_text(head: str, text: str) -> str:
+    """A text a table cell shortens (`short`: `head`), whole in Markdown: what the cell shows
+    in bold, then the rest."""
+    shown = head.removesuffix("…")
+    return f"**{common.markdown_text(shown)}**{common.markdown_text(text[len(shown) :])}"
 
 
 main()

@@ -29,6 +29,15 @@ def describe(row: dict[str, Any]) -> str:
     return f"{row['session_id']}  {row['kind']}, consumer {row['consumer']}, {row['status']}"
 
 
+def tile(
+    column: Any, label: str, setting: str, value: str, help: str, delta: str | None = None
+) -> None:
+    """A figure side by side with others: a short label (a metric's is cut to one line), the
+    figure, and under it the setting it is of, whole, wrapped where it is long."""
+    column.metric(label, value, delta=delta, help=help)
+    column.caption(common.markdown_text(setting))
+
+
 def answer(session: Session) -> None:
     """The doctor's verdict, its figures side by side, and what to change."""
     verdict = session.verdict
@@ -44,34 +53,34 @@ def answer(session: Session) -> None:
     agreed = session.verify is None or session.verify.agrees
     cols = st.columns(4)
     if yours is not None:
-        cols[0].metric(
-            f"yours, num_workers={yours.setting}",
+        tile(
+            cols[0], "yours", f"num_workers={yours.setting}",
             IMAGES_PER_S.cell(yours.images_per_s, yours.images_per_s_error),
             help=f"images/s{scope}; {DATA_WAIT.label} {DATA_WAIT.text(yours.data_wait_frac)}",
-        )
+        )  # fmt: skip
     if best is not None:
-        cols[1].metric(
-            f"best DataLoader, num_workers={best.setting}",
+        tile(
+            cols[1], "best DataLoader", f"num_workers={best.setting}",
             IMAGES_PER_S.cell(best.images_per_s, best.images_per_s_error),
             help=f"images/s{scope}, the best setting the doctor measured",
-        )
+        )  # fmt: skip
     if dali is not None:
-        cols[2].metric(
-            f"DALI, {dali.decoder} decoder, {dali.num_threads} threads"
+        tile(
+            cols[2], "DALI", f"{dali.decoder} decoder, {dali.num_threads} threads"
             + ("" if dali.hw_decoder_load is None else f", share {dali.hw_decoder_load:g}"),
             "not measured"
             if dali.images_per_s is None
             else IMAGES_PER_S.cell(dali.images_per_s, dali.images_per_s_error),
             help=dali.reason or f"images/s{scope}, DALI on the same lanes and consumer",
-        )
+        )  # fmt: skip
     if top is not None and top.predicted_images_per_s is not None:
-        cols[3].metric(
-            f"recommended: {top.setting}",
+        tile(
+            cols[3], "recommended", top.setting,
             IMAGES_PER_S.cell(top.predicted_images_per_s, top.predicted_error),
             delta=measured_again(top, agreed, delta=True),
             help=f"images/s{scope} predicted (measured in its point); verified: run again, "
             "and agreeing",
-        )
+        )  # fmt: skip
     if session.recommendations or session.asides:
         summary = verification_summary(session)
         st.markdown(f"**Recommendations** (measured by the doctor; {summary})")

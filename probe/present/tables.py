@@ -46,17 +46,18 @@ class Grid:
 SHORT = 40  # characters of a table cell; a longer text is shortened, and shown whole under it
 
 
-def short(text: str, limit: int = SHORT) -> str:
+def short(text: str, limit: int = SHORT, clauses: bool = True) -> str:
     """A table cell's text: `text` itself where it is short, else its head (up to its first
-    ': ' or '; ', and within `limit`, up to a space) and '…'."""
+    ': ' or '; ' where `clauses`, and within `limit`, up to a space) and '…'."""
     if len(text) <= limit:
         return text
-    head = re.split(r": |; ", text, maxsplit=1)[0]
-    if len(head) >= limit:
-        head = head[: limit - 1].rsplit(" ", 1)[0]
+    head = re.split(r": |; ", text, maxsplit=1)[0] if clauses else text
+    if len(head) >= limit:  # up to the last word that fits whole
+        cut = head[: limit - 1]
+        head = cut if head[limit - 1] == " " else cut.rsplit(" ", 1)[0]
     if head.count("`") % 2:  # a `code` mark cut in two: up to where it opened
         head = head[: head.rindex("`")]
-    return head.rstrip(" ,") + "…"
+    return head.rstrip(" ,:;") + "…"
 
 
 LATENCY_HEADING = f"{LATENCY.label} p50/p95/p99 {LATENCY.unit}"
