@@ -326,3 +326,41 @@ def test_a_budget_that_fits_no_pair_verifies_the_answer_alone_and_says_so(
     assert [r.setting for r in out] == [YOURS, DALI]  # as first measured
     assert verification is not None and verification.verified
     assert verification.outcome is not None and "fit no pair" in verification.outcome
+
+
+def workers_call(
+    monkeypatch: pytest.MonkeyPatch, change: list[float], yours: list[float], runs: int = 10
+) -> tuple[Verification | None, list[Recommendation], Recorded]:
+    """The doctor's verification of num_workers=4 (predicted 600) against yours, num_workers=2
+    (476), its runs reading the rates given."""
+    session = recorded(monkeypatch, {"num_workers=4": change, YOURS: yours}, runs, 0.03)
+    raise_ = Recommendation("raise num_workers from 2 to 4", workers(4), 600.0, "measured")
+    verification, out, _ = doctor_answer.verify(
+        session,  # type: ignore[arg-type]
+        BASE, [raise_], BASELINE, VERDICT, dali_at(400.0), 2.0,
+    )  # fmt: skip
+    return verification, out, session
+
+
+def test_a_change_of_workers_is_verified_in_alternation_with_yours(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    verification, out, session = workers_call(monkeypatch, [590, 600], [470, 480])
+    assert [label.split(": ")[1] for label in session.labels] == ["num_workers=4", YOURS]
+    assert [r.setting for r in out] == ["num_workers=4"]
+    assert verification is not None and verification.verified
+    assert verification.outcome is not None and verification.outcome.endswith("stays the answer")
+
+
+def test_yours_moving_between_runs_does_not_make_a_change_the_answer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 39: yours moved from 451 to 559 in 12 minutes. A change measured 600 against
+    yours' first 476 reads, in alternation with yours, +1% in each pair: not the answer."""
+    verification, out, _ = workers_call(
+        monkeypatch, [560, 565, 570, 566, 563], [555, 559, 562, 560, 558]
+    )
+    assert out[0].setting == YOURS and out[0].action.startswith("no change")
+    assert verification is not None and not verification.agrees  # 563 against 600 predicted
+    assert verification.outcome is not None
+    assert "either may be the answer, and yours, no change, stays first" in verification.outcome

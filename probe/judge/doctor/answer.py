@@ -6,7 +6,6 @@ disagrees decides, measuring yours and the change in turn where it must.
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 from probe.judge.changes import Change, Knob, Recommendation, workers
@@ -28,14 +27,14 @@ from probe.judge.recommend import (
     recommend_measured,
     set_aside,
 )
-from probe.judge.results import EpochsRun, InTurn, Verification
+from probe.judge.results import EpochsRun, Verification
 from probe.judge.session import Points, WarmSession, point_of, with_change
 from probe.judge.thresholds import EPOCH_START_SHARE, KNEE_POINTS, KNEE_WITHIN
 from probe.judge.verdicts import Verdict, VerdictKind
 from probe.measure.config import ProbeConfig
 from probe.metrics import CPU, IMAGES_PER_S, MEMORY, NVJPG, against_text
 from probe.records import RunStatus
-from probe.steady import MIN_BLOCKS, Estimate, above, at_least, margin, pooled
+from probe.steady import MIN_BLOCKS, Estimate, above, margin, pooled
 from probe.store.db import Store
 from probe.store.documents import read_run
 
@@ -217,44 +216,70 @@ def verify(
 ) -> tuple[Verification | None, list[Recommendation], DaliRun]:
     """Runs the first recommendation again: what it predicted against what it measures. Where
     DALI is among the recommendations (first, or "either" below the DataLoader's answer), DALI
-    against the DataLoader is a close call: the two are measured in alternation until their
-    pairs decide it (`_dali_call`). Else, where the run disagrees with its prediction beyond the
-    errors and the drift, that decides: a change that even its worse run bears out against yours
-    stays, predicted at its runs' mean; one it does not is measured in alternation with yours,
-    and stays the answer only if those pairs bear it out; your own setting, measured apart by
-    more than that twice, is predicted at its runs' mean, and DALI weighed against that again."""
+    against the DataLoader's answer is a close call, measured in alternation until the pairs
+    decide it (`_dali_call`); a change of workers is measured in alternation with yours
+    (`_workers_call`); your own setting, run again, where it measures apart from its first run
+    by more than their errors and the drift, is predicted at the runs' mean, and DALI weighed
+    against that again (`_yours_twice`)."""
     if not recommendations or session.stop.is_set() or not verdict.reliable:
         return None, recommendations, dali
     top = recommendations[0]
-    predicted = top.predicted_images_per_s
     config = with_change(base, top.change)
-    if predicted is None or config is None or not session.budget.fits():
+    if top.predicted_images_per_s is None or config is None or not session.budget.fits():
         return None, recommendations, dali  # nothing a session can run: epochs, storage
     if any(r.change.knob is Knob.PIPELINE for r in recommendations):
-        return _dali_call(session, base, recommendations, baseline, dali)
-    # its share leaves room for yours and the change in alternation, should it disagree
+        call = _dali_call
+    elif top.change != workers(baseline.setting):
+        call = _workers_call
+    else:
+        return _verify_yours(session, base, recommendations, baseline, verdict, dali, cores)
+    return call(session, base, recommendations, baseline, dali)
+
+
+def _verify_yours(
+    session: WarmSession,
+    base: ProbeConfig,
+    recommendations: list[Recommendation],
+    baseline: SweepPoint,
+    verdict: Verdict,
+    dali: DaliRun,
+    cores: float,
+) -> tuple[Verification | None, list[Recommendation], DaliRun]:
+    """Your setting, the answer, run again."""
+    top = recommendations[0]
+    config = with_change(base, top.change)
+    assert config is not None  # a change of workers
+    # your setting: its share leaves room for DALI in alternation, should the two runs differ
     document = session.measure(replace(config, label=f"verify {top.setting}"), later=2)
     if document is None or document.status != RunStatus.COMPLETED.value:
         return None, recommendations, dali
     point = point_of(session.store, document, 0)
-    was = Estimate(predicted, top.predicted_error, point.blocks)
-    agrees = abs(point.images_per_s - predicted) <= margin(point.estimate, 1.0, was, drift=True)
-    verification = Verification(
+    verification = _against(top, point, document.run_id, base)
+    if not verification.agrees:
+        return _yours_twice(
+            session, base, verification, point, recommendations, baseline, verdict, dali, cores
+        )
+    recommendations[0] = replace(top, measured_images_per_s=point.images_per_s)
+    return verification, recommendations, dali
+
+
+def _against(
+    top: Recommendation, point: SweepPoint, run_id: str, base: ProbeConfig
+) -> Verification:
+    """One run of the first recommendation against its prediction."""
+    assert top.predicted_images_per_s is not None
+    was = Estimate(top.predicted_images_per_s, top.predicted_error, point.blocks)
+    agrees = abs(point.images_per_s - was.value) <= margin(point.estimate, 1.0, was, drift=True)
+    return Verification(
         change=top.change,
-        predicted_images_per_s=predicted,
-        predicted_images_per_s_error=top.predicted_error,
+        predicted_images_per_s=was.value,
+        predicted_images_per_s_error=was.error,
         measured_images_per_s=point.images_per_s,
         measured_images_per_s_error=point.images_per_s_error,
         agrees=agrees,
         host_busy=point.host_busy,
-        run_id=document.run_id,
+        run_id=run_id,
         precise=_precise(point.estimate, base),
-    )
-    if agrees:
-        recommendations[0] = replace(top, measured_images_per_s=point.images_per_s)
-        return verification, recommendations, dali
-    return _disagreed(
-        session, base, verification, point, recommendations, baseline, verdict, dali, cores
     )
 
 
@@ -301,14 +326,8 @@ def _dali_call(
                      label="in alternation")  # fmt: skip
     if not call.runs:
         return None, recommendations, dali
-    if not call.pairs:  # its verification alone: the answer stands as first measured
-        rival = b if top.change == a else a
-        outcome = (
-            f"the budget fit no pair in alternation with {rival.setting} (--budget "
-            f"{session.budget.needed(1)} would): the answer stands as first measured"
-        )
-        out = [_measured(top, call, top), *recommendations[1:]]
-        return _verification(session, base, top, call, outcome), out, dali
+    if not call.pairs:
+        return (*_alone(session, base, recommendations, call), dali)
     gain = f"DALI gave {call.gain_text()} on {a.setting}"
     need = f"the {bar - 1:.0%} a migration must gain"
     if call.decided == b:
@@ -334,6 +353,24 @@ def _dali_call(
         out = [_measured(loader, call, top, outcome), either, *rest]
         dali = replace(dali, advice=f"either: {outcome}")
     return _verification(session, base, top, call, outcome), one_each(out), dali
+
+
+def _alone(
+    session: WarmSession,
+    base: ProbeConfig,
+    recommendations: list[Recommendation],
+    call: Alternation,
+) -> tuple[Verification, list[Recommendation]]:
+    """The first recommendation's run where the budget fit no pair in alternation: its
+    verification alone, and the answer as first measured."""
+    top = recommendations[0]
+    rival = call.b if top.change == call.a else call.a
+    outcome = (
+        f"the budget fit no pair in alternation with {rival.setting} (--budget "
+        f"{session.budget.needed(1)} would): the answer stands as first measured"
+    )
+    out = [_measured(top, call, top), *recommendations[1:]]
+    return _verification(session, base, top, call, outcome), out
 
 
 def _measured(
@@ -381,45 +418,6 @@ def _verification(
     )
 
 
-def _disagreed(
-    session: WarmSession,
-    base: ProbeConfig,
-    verification: Verification,
-    point: SweepPoint,
-    recommendations: list[Recommendation],
-    baseline: SweepPoint,
-    verdict: Verdict,
-    dali: DaliRun,
-    cores: float,
-) -> tuple[Verification, list[Recommendation], DaliRun]:
-    """What a verification that disagrees with its prediction decides (`verify`)."""
-    top = recommendations[0]
-    predicted = verification.predicted_images_per_s
-    if top.change == workers(baseline.setting):
-        return _yours_twice(session, base, verification, point, recommendations, baseline,
-                            verdict, dali, cores)  # fmt: skip
-    first = Estimate(predicted, top.predicted_error, point.blocks)
-    worse = min(first, point.estimate, key=lambda e: e.value)
-    if _bears_out(top.change, baseline.estimate, worse, baseline.setting):
-        both = pooled([first, point.estimate])
-        spread = abs(first.value - point.images_per_s) / 2  # the runs differ: so may the next
-        outcome = (
-            f"{_refuted(top, verification)}; even its lower run bears it out against yours "
-            f"({IMAGES_PER_S.text(baseline.images_per_s, baseline.images_per_s_error)}): it "
-            "stays the answer, predicted at its runs' mean"
-        )
-        stays = replace(
-            top,
-            predicted_images_per_s=both.value,
-            predicted_error=math.hypot(both.error or 0.0, spread),
-            measured_images_per_s=point.images_per_s,
-            notes=(*top.notes, outcome),
-        )
-        out = [stays, *recommendations[1:]]
-        return replace(verification, outcome=outcome), out, dali
-    return _in_turn(session, base, verification, recommendations, baseline, dali)
-
-
 def _yours_twice(
     session: WarmSession,
     base: ProbeConfig,
@@ -465,86 +463,48 @@ def _yours_twice(
     return replace(called, outcome=f"{outcome}; {called.outcome}"), out, dali
 
 
-def _in_turn(
+def _workers_call(
     session: WarmSession,
     base: ProbeConfig,
-    verification: Verification,
     recommendations: list[Recommendation],
     baseline: SweepPoint,
     dali: DaliRun,
-) -> tuple[Verification, list[Recommendation], DaliRun]:
-    """A change its verification disagreed with, measured in alternation with yours on the
-    same warm lanes (yours first): it stays the answer, predicted at its runs' mean, only where
-    those pairs bear it out against yours (fewer workers as fast within KNEE_WITHIN, more
-    workers faster); else the answer keeps yours, and says why."""
+) -> tuple[Verification | None, list[Recommendation], DaliRun]:
+    """A change of workers against yours, measured in alternation on the same warm lanes, the
+    change first (its verification): runs minutes apart on a shared host differ by more than
+    their errors, pairs a point apart do not. It stays the answer where the pairs bear it out
+    (more workers faster, fewer as fast within KNEE_WITHIN); else the answer keeps yours, and
+    says why ("either", where the pairs hold the bar within their interval)."""
     top = recommendations[0]
     yours = workers(baseline.setting)
     fewer = isinstance(top.change.value, int) and top.change.value < baseline.setting
     bar = 1 - KNEE_WITHIN if fewer else 1.0
-    # runs as long as half the shorter of yours and the verification
-    length = min(_measured_s(session.store, r) for r in (baseline.run_id, verification.run_id))
-    call = alternate(session, base, yours, top.change, bar, first=yours, length_s=length / 2,
+    length = min(session.budget.measured, default=0.0) / 2  # half the shortest point: pairs pool
+    call = alternate(session, base, yours, top.change, bar, first=top.change, length_s=length,
                      label="in alternation")  # fmt: skip
-    refuted = _refuted(top, verification)
+    if not call.runs:
+        return None, recommendations, dali
+    if not call.pairs:
+        return (*_alone(session, base, recommendations, call), dali)
     mine, theirs = call.of(yours), call.of(top.change)
-    if mine is None or theirs is None:
-        needed = session.budget.needed(1)
-        outcome = (
-            f"{refuted}; the budget could not measure it in alternation with yours (--budget "
-            f"{needed} would): the answer keeps yours"
-        )
-        keep = keep_yours(baseline, baseline.estimate, outcome, None)
-        return (*_without(verification, list(call.runs), outcome, keep, recommendations), dali)
+    assert mine is not None and theirs is not None  # a pair
     against = (
-        f"measured in alternation with yours, it gave {IMAGES_PER_S.text(theirs.value)} against "
-        f"{IMAGES_PER_S.text(mine.value)} ({call.gain_text()})"
+        f"measured in alternation with yours, {top.setting} gave "
+        f"{IMAGES_PER_S.text(theirs.value)} against {IMAGES_PER_S.text(mine.value)} "
+        f"({call.gain_text()})"
     )
+    rest = [r for r in recommendations[1:] if r.change != yours]
     if call.decided == top.change:
-        outcome = f"{refuted}; {against}: it stays the answer, predicted at its runs' mean"
-        stays = replace(
-            top,
-            predicted_images_per_s=theirs.value,
-            predicted_error=theirs.error,
-            measured_images_per_s=theirs.value,
-            basis=f"measured in alternation with yours ({len(call.runs)} runs)",
-            notes=(*top.notes, outcome),
-        )
-        out = one_each([stays, *recommendations[1:]])
-        return replace(verification, in_turn=call.runs, outcome=outcome), out, dali
-    why = "the answer keeps yours" if call.decided == yours else (
-        "either may be the answer, and yours, no change, stays first"
-    )  # fmt: skip
-    outcome = f"{refuted}; {against}: {why}"
-    keep = keep_yours(baseline, mine, outcome, mine.value)
-    return (*_without(verification, list(call.runs), outcome, keep, recommendations), dali)
-
-
-def _measured_s(store: Store, run_id: str | None) -> float:
-    """A run's measured seconds (its slowest lane's)."""
-    if run_id is None:
-        return 0.0
-    return max((lane.figures.seconds for lane in read_run(store, run_id).lanes), default=0.0)
-
-
-def _refuted(top: Recommendation, verification: Verification) -> str:
-    """What a verification that disagrees says."""
-    return (
-        f"{top.setting} was predicted at {IMAGES_PER_S.text(top.predicted_images_per_s)} and "
-        f"verified at {IMAGES_PER_S.text(verification.measured_images_per_s)} "
-        f"({against_text(verification.measured_images_per_s, verification.predicted_images_per_s)}"
-        "), beyond their errors and the drift"
-    )
-
-
-def _bears_out(change: Change, yours: Estimate, theirs: Estimate, setting: int) -> bool:
-    """Whether a run of a change of workers bears it out against yours: fewer workers as fast
-    within KNEE_WITHIN, more workers faster (their errors and the drift between runs allowed
-    for)."""
-    if change.knob is Knob.NUM_WORKERS and isinstance(change.value, int):
-        if change.value < setting:
-            return at_least(theirs, 1 - KNEE_WITHIN, yours)
-        return above(theirs, 1.0, yours)
-    return False
+        outcome = f"{against}: it stays the answer"
+        out = [_measured(top, call, top, outcome), *rest]
+    else:
+        why = "the answer keeps yours" if call.decided == yours else (
+            "either may be the answer, and yours, no change, stays first"
+        )  # fmt: skip
+        outcome = f"{against}: {why}"
+        keep = keep_yours(baseline, mine, outcome, mine.value)
+        out = [keep, *[r for r in rest if r.change != top.change]]
+    return _verification(session, base, top, call, outcome), one_each(out), dali
 
 
 def keep_yours(
@@ -564,19 +524,4 @@ def keep_yours(
         measured_images_per_s=measured_rate,
         notes=() if outcome is None else (outcome,),
         predicted_error=rate.error,
-    )
-
-
-def _without(
-    verification: Verification,
-    runs: list[InTurn],
-    outcome: str,
-    keep: Recommendation,
-    recommendations: list[Recommendation],
-) -> tuple[Verification, list[Recommendation]]:
-    """The answer once a change is refuted: yours first, the change gone."""
-    rest = [r for r in recommendations[1:] if r.setting != verification.change.setting]
-    return (
-        replace(verification, in_turn=tuple(runs), outcome=outcome),
-        one_each([keep, *rest]),
     )
