@@ -203,6 +203,8 @@ def _runs_whole(page: Page, url: str, db: Path, session: str) -> None:
         "" if row.recommendation == "-" else f"; first recommendation: {row.recommendation}"
     )
     expect(answer).to_have_text(expected.replace("`", ""))  # code marks drawn, not written
+    expect(page.get_by_text("verdict", exact=True).first).to_be_attached()  # the runs' table
+    page.wait_for_timeout(1_000)  # and what follows it: the verdicts it shortens, whole
     for line in page.get_by_test_id("stMarkdownContainer").locator("li").all():
         _whole(line)
     page.screenshot(path=str(ARTIFACTS / "5-runs.png"), full_page=True)
