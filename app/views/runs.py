@@ -32,9 +32,13 @@ def welcome() -> None:
     st.info(
         "No runs yet. Is your GPU waiting for data? The doctor finds out on the built-in sample "
         f"data (1000 JPEGs, written into your cache folder the first time), on {where}: it "
-        "measures the PyTorch DataLoader at your setting and around its knee, then DALI, "
-        f"feeding {doctor_consumer_note(batch)}, and says whether the step starves, why, and "
-        f"what to change, with the images/s it predicts and then verifies. About {budget:.0f} s."
+        "measures the PyTorch DataLoader at your setting, then DALI and other worker counts "
+        "around the knee, first whichever your run says may gain more (the workers not at all "
+        "where DALI already measures worth the migration), feeding "
+        f"{doctor_consumer_note(batch)}; it says whether the step starves, why, "
+        "and what to change, with the images/s it predicts, and checks that by running it again "
+        "(a close call between two answers: by measuring the two in turn). About "
+        f"{budget:.0f} s."
     )
     if st.button("Run the doctor on the built-in sample data", key="runs-first", type="primary"):
         gpus = tuple(d.index for d in devices) or None

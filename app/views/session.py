@@ -50,7 +50,7 @@ def answer(session: Session) -> None:
     best, dali = session.best, session.dali
     top = session.recommendations[0] if session.recommendations else None
     scope = job_scope(session.devices)  # whose images/s: the job's, on several lanes
-    agreed = session.verify is None or session.verify.agrees
+    agreed = session.verify is None or session.verify.verified
     cols = st.columns(4)
     if yours is not None:
         tile(
@@ -58,7 +58,7 @@ def answer(session: Session) -> None:
             IMAGES_PER_S.cell(yours.images_per_s, yours.images_per_s_error),
             help=f"images/s{scope}; {DATA_WAIT.label} {DATA_WAIT.text(yours.data_wait_frac)}",
         )  # fmt: skip
-    if best is not None:
+    if best is not None and len(session.points) > 1:  # of one point, it is yours
         tile(
             cols[1], "best DataLoader", f"num_workers={best.setting}",
             IMAGES_PER_S.cell(best.images_per_s, best.images_per_s_error),
@@ -108,6 +108,14 @@ def answer(session: Session) -> None:
 def points(session: Session) -> None:
     """The settings measured, against the curve predicted from the first one."""
     st.subheader(f"The {session.knob} settings measured")
+    if len(session.points) == 1:  # what the chart shows of it, and why no other
+        why = "; ".join(sorted({item.reason for item in session.skipped}))
+        st.caption(
+            common.markdown_text(
+                "One setting measured, yours: the line is the curve predicted from its run"
+                + (f"; the others were not measured: {why}" if why else "")
+            )
+        )
     if session.points:
         st.plotly_chart(figures.sweep_curve(session), width="stretch", key="session-curve")
     grid = point_grid(session)

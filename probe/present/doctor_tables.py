@@ -27,7 +27,7 @@ def doctor_lines(session: Session) -> list[str]:
     verification, as text."""
     if session.verdict is None:
         return [f"session {session.session_id}: no answer{because(session.reason)}"]
-    agreed = session.verify is None or session.verify.agrees
+    agreed = session.verify is None or session.verify.verified
     return diagnosis_lines(
         session.verdict,
         session.recommendations,
@@ -38,16 +38,18 @@ def doctor_lines(session: Session) -> list[str]:
 
 
 def verified_what(session: Session) -> str:
-    """What the verification re-ran, and where that is not the first recommendation, which
-    one it is and that the first was measured once."""
+    """What the verification re-ran ("verified" only where it bore its prediction out, else
+    "measured again"), and where that is not the first recommendation, which one it is and
+    that the first was measured once."""
     assert session.verify is not None
+    word = "verified" if session.verify.verified else "measured again"
     setting = session.verify.change.setting
     rank, beside = run_again(session)
     if rank is None or rank == 1:
-        return f"verified {setting}"
+        return f"{word} {setting}"
     first = session.recommendations[0].setting
     how = "measured again beside it" if beside else "was measured once, not re-run"
-    return f"verified {setting} (recommendation {rank}; recommendation 1, {first}, {how})"
+    return f"{word} {setting} (recommendation {rank}; recommendation 1, {first}, {how})"
 
 
 def doctor_notes(session: Session) -> list[str]:
@@ -62,6 +64,8 @@ def doctor_notes(session: Session) -> list[str]:
         lines.append(f"not verified{because(session.not_verified)}")
     elif verify.error_frac is not None:
         agrees = "within" if verify.agrees else "more than"
+        if not verify.precise:
+            agrees = "not known within the precision asked; " + agrees
         if verify.host_busy:
             agrees = "measured while other processes took the host's CPU, not trusted; " + agrees
         predicted = IMAGES_PER_S.cell(
@@ -78,7 +82,7 @@ def doctor_notes(session: Session) -> list[str]:
             f"{agrees} their errors and the drift between runs; run {verify.run_id})"
         )
         lines += [
-            f"  in turn: {item.setting}: "
+            f"  in alternation: {item.setting}: "
             f"{IMAGES_PER_S.text(item.images_per_s, item.images_per_s_error)} (run {item.run_id})"
             for item in verify.in_turn
         ]

@@ -61,7 +61,7 @@ def session_rows(store: Store, limit: int = 200) -> list[SessionRow]:
     for record in store.sessions()[:limit]:
         session = read_session(store, record.session_id)
         top = session.recommendations[0] if session.recommendations else None
-        agreed = session.verify is None or session.verify.agrees
+        agreed = session.verify is None or session.verify.verified
         if session.verdict is not None:
             answer = headline(session.verdict)
         elif session.knee is not None:

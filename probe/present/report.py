@@ -36,7 +36,13 @@ from probe.judge.results import (
 from probe.judge.verdicts import Verdict, VerdictKind
 from probe.metrics import IMAGES_PER_S, MEMORY, STAGE_TIME, STAGES
 from probe.present import charts
-from probe.present.doctor_tables import dali_grid, dali_lines, scaling_grid, scaling_lines
+from probe.present.doctor_tables import (
+    dali_grid,
+    dali_lines,
+    dataloader_against_dali,
+    scaling_grid,
+    scaling_lines,
+)
 from probe.present.jsontext import json_text
 from probe.present.options import reproduce_command
 from probe.present.tables import (
@@ -117,7 +123,7 @@ class Report:
     def agreed(self) -> bool:
         """Whether a recommendation's run again agreed with it (`measured_again`)."""
         verify = None if self.session is None else self.session.verify
-        return verify is None or verify.agrees
+        return verify is None or verify.verified
 
     @property
     def scope(self) -> str:
@@ -393,7 +399,7 @@ def _session_html(report: Report) -> str:
     session = report.session
     if session is None:
         return ""
-    knob, knee, dali = session.knob, session.knee, session.dali
+    knob, dali = session.knob, session.dali
     out = [f"<h2>Sweep of {_h(knob)}</h2>"]
     if session.points:
         out.append(charts.html_div(charts.sweep_curve(session)))
@@ -401,17 +407,13 @@ def _session_html(report: Report) -> str:
     out += [f"<p class='note'>{_prose(line)}</p>" for line in point_notes(session)]
     out += [f"<p class='note'>{_prose(line)}</p>" for line in curve_lines(session)]
     out.append(_grid(brief_grid(report.runs)))
-    if dali is not None and dali.images_per_s is not None and knee is not None:
+    against = dataloader_against_dali(session)
+    if against is not None and dali is not None and session.best is not None:
         out.append("<h2>DataLoader against DALI</h2>")
-        ids = {knee.run_id, dali.run_id}
+        ids = {session.best.run_id, dali.run_id}
         out.append(charts.html_div(charts.compare_bars([b for b in report.runs if b.run in ids])))
-        ratio = dali.images_per_s / knee.images_per_s if knee.images_per_s else 0.0
         advice = f" {_prose(dali.advice)}" if dali.advice else ""
-        out.append(
-            f"<p>The DataLoader at the knee ({knob}={knee.setting}) gave "
-            f"{IMAGES_PER_S.text(knee.images_per_s)}; {_h(dali.change.setting)} gave "
-            f"{IMAGES_PER_S.text(dali.images_per_s)} ({ratio:.2f}x).{advice}</p>"
-        )
+        out.append(f"<p>As the session measured them: {_prose(against)}.{advice}</p>")
     elif dali is not None and dali.reason:
         out.append(f"<p>DALI: not measured: {_prose(dali.reason)}</p>")
     if dali is not None and dali.tried:

@@ -190,8 +190,8 @@ def measured_again(item: Recommendation, agreed: bool = True, delta: bool = Fals
     if measured is None:
         return None
     word = "verified" if agreed else "measured again"
-    if item.predicted_images_per_s is None:
-        return f"{word} {IMAGES_PER_S.text(measured)}"
+    if item.predicted_images_per_s is None or not agreed:  # against what: the verification's
+        return f"{word} {IMAGES_PER_S.text(measured)}"  # line, one figure, says
     change = against_text(measured, item.predicted_images_per_s)
     if delta:
         return f"{change}: {word} {IMAGES_PER_S.cell(measured)}"
@@ -215,7 +215,7 @@ def verification_summary(session: Session) -> str:
         return "none run again"
     rank, beside = run_again(session)
     if rank == 1:
-        return "the first one verified" if verify.agrees else "the first one measured again"
+        return "the first one verified" if verify.verified else "the first one measured again"
     if rank is not None and beside:
         return f"recommendation {rank} verified, and the first one measured again beside it"
     if rank is not None:
