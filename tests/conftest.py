@@ -15,6 +15,8 @@ from PIL import Image
 from helpers import HOSTILE_FOLDER, HOSTILE_LABEL, code_color, probe_cli, solid, write_jpeg
 from pipelines.sample_data import SampleParams, ensure_default_dataset, make_sample_dataset
 
+pytest_plugins = ["interrupts"]  # Ctrl-C stops the run within seconds, with pytest's summary
+
 
 @pytest.fixture(scope="session")
 def coded_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:

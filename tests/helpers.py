@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -58,11 +60,51 @@ def probe_cli(
     *args: Any, timeout: float = 600, env: Mapping[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """`python -m probe ARGS`, its output captured; `env` added to this process's."""
-    return subprocess.run(
-        [sys.executable, "-m", "probe", *map(str, args)],
-        capture_output=True, text=True, timeout=timeout, check=False,
-        env=None if env is None else {**os.environ, **env},
+    return run_captured(
+        [sys.executable, "-m", "probe", *args],
+        timeout=timeout, env=None if env is None else {**os.environ, **env},
     )  # fmt: skip
+
+
+STOP_GRACE_S = 3.0  # what a stopped command has to end on its own before it is killed
+
+
+def run_captured(
+    command: Sequence[Any],
+    *,
+    timeout: float = 600,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """`subprocess.run(command, capture_output=True, text=True)`, except where the wait ends
+    early: on a Ctrl-C (or the timeout, or pytest-timeout's) the command is stopped as a Ctrl-C
+    stops it, killed with every process it started if it has not ended within STOP_GRACE_S,
+    and the interrupt goes on to pytest. The command runs in a process group of its own, so
+    nothing it started outlives the test: killed alone, `probe data make` left its pool's
+    workers waiting forever, and a probe its lanes."""
+    with subprocess.Popen(
+        [str(part) for part in command], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env=env, cwd=cwd, start_new_session=True,
+    ) as process:  # fmt: skip
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except BaseException:
+            stop_group(process)
+            raise
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def stop_group(process: subprocess.Popen[str]) -> None:
+    """SIGINT to the process group `process` leads, then SIGKILL to what is left of it after
+    STOP_GRACE_S (or at once, on a second Ctrl-C)."""
+    try:
+        os.killpg(process.pid, signal.SIGINT)
+        process.wait(timeout=STOP_GRACE_S)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
 
 
 def free_port() -> int:

@@ -18,7 +18,7 @@ import pytest
 import torch
 from PIL import Image
 
-from helpers import solid, write_jpeg
+from helpers import probe_cli, solid, write_jpeg
 from probe.steady import MAX_MEASURE_S
 
 if TYPE_CHECKING:
@@ -39,14 +39,7 @@ TINY_RUN = [
 
 
 def probe(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "probe", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, **(env or {})},
-        check=False,
-    )
+    return probe_cli(*args, timeout=300, env=env)
 
 
 def assert_one_line_error(

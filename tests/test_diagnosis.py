@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import replace
@@ -13,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from helpers import probe_cli
 from pipelines import Backend, DaliOptions, DataLoaderOptions, InputError, PipelineSpec
 from pipelines.sample_data import SampleParams, make_sample_dataset
 from probe.judge.changes import (
@@ -451,10 +451,7 @@ def photos(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def probe(*args: Any) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "probe", *map(str, args)],
-        capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
+    return probe_cli(*args)
 
 
 SMALL = ["--gpus", "none", "--batch-size", "16", "--image-size", "64", "--warmup", "2"]

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from helpers import probe_cli
+from helpers import probe_cli, run_captured, stop_group
 from pipelines import discover
 from pipelines.dataset import read_order, shard
 from probe.records import RunExport
@@ -25,12 +25,12 @@ def test_torchrun_gives_one_run_with_a_lane_per_rank_on_disjoint_shards(
 ) -> None:
     db = tmp_path / "ranks.db"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(
+    result = run_captured(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
          "-m", "probe", "run", "--gpus", "none", "--data", str(filled_store["photos"]),
          "--batches", "5", "--warmup", "1", "--batch-size", "4", "--workers", "0",
          "--image-size", "32", "--sample-hz", "5", "--db", str(db), "--json"],
-        capture_output=True, text=True, timeout=300, check=False, env=env,
+        timeout=300, env=env,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)  # rank 0 alone prints it
@@ -126,9 +126,14 @@ def two_nodes(photos: Path, stores: tuple[Path, Path]) -> list[subprocess.Comple
             "--warmup", "1", "--batch-size", "4", "--workers", "0", "--image-size", "32",
             "--sample-hz", "5", "--db", str(stores[rank]),
         ]  # fmt: skip
-        launchers.append(subprocess.Popen(command, stdout=subprocess.PIPE,
-                                          stderr=subprocess.PIPE, text=True, env=env))  # fmt: skip
-    outputs = [launcher.communicate(timeout=300) for launcher in launchers]
+        launchers.append(subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          text=True, env=env, start_new_session=True))  # fmt: skip
+    try:
+        outputs = [launcher.communicate(timeout=300) for launcher in launchers]
+    except BaseException:  # Ctrl-C, or the timeout: nothing they started outlives the test
+        for launcher in launchers:
+            stop_group(launcher)
+        raise
     return [
         subprocess.CompletedProcess(x.args, x.returncode, out, err)
         for x, (out, err) in zip(launchers, outputs, strict=True)

@@ -29,7 +29,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from helpers import free_port, probe_cli, write_jpeg
+from helpers import free_port, probe_cli, run_captured, write_jpeg
 from pipelines import InputError
 from probe import watch
 from probe.records import RunStatus
@@ -405,8 +405,7 @@ def test_watch_tells_the_answer_when_the_process_exits(tmp_path: Path, answer: b
             time.sleep(0.002)
         print("the script's own last line")
         """))  # fmt: skip
-    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                            timeout=300, check=False)  # fmt: skip
+    result = run_captured([sys.executable, script], timeout=300)
     assert result.returncode == 0, result.stderr
     assert result.stdout == "the script's own last line\n"
     told = [line for line in result.stderr.splitlines() if line.startswith("feedscope: ")]
@@ -429,12 +428,11 @@ def test_probe_watch_under_torchrun_makes_one_run_of_two_lanes(
     tmp_path: Path, imagenet_folder: Path
 ) -> None:
     db = tmp_path / "store.db"
-    result = subprocess.run(
+    result = run_captured(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
          "--master-port", str(free_port()), "-m", "probe", "watch", "--db", str(db), "--",
          str(IMAGENET_SHAPED), str(imagenet_folder), "-j", "1", "--epochs", "1", "-b", "8"],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path, check=False,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=300, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     with Store(db) as store:

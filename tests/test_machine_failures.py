@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from helpers import probe_cli
+from helpers import probe_cli, run_captured
 from pipelines import InputError
 from pipelines.sample_data import SampleParams, make_sample_dataset
 from probe.measure import devices
@@ -98,8 +98,7 @@ print("the loop ended after", n + 1, "batches")
 
 def test_a_full_disk_under_watch_warns_once_and_the_loop_goes_on(small_disk: Path) -> None:
     db = small_disk / "store.db"
-    loop = subprocess.run([sys.executable, "-c", WATCHED_LOOP, str(db)], capture_output=True,
-                          text=True, timeout=300, check=False)  # fmt: skip
+    loop = run_captured([sys.executable, "-c", WATCHED_LOOP, db], timeout=300)
     assert loop.returncode == 0, loop.stderr
     assert loop.stdout.strip() == "the loop ended after 6000 batches"
     assert "Traceback" not in loop.stderr

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from helpers import probe_cli
 from pipelines import Backend, DaliOptions, DataLoaderOptions, PipelineSpec
 from pipelines.sample_data import SampleParams, make_sample_dataset
 from probe.measure.config import ProbeConfig, plan_lanes
@@ -40,11 +41,7 @@ LANE_KEYS = {
 def probe(*args: Any, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """`python -m probe ARGS` with CUDA's devices hidden: a machine without GPUs, on any machine
     (what the host records and what a refused `--gpus` lists are then the same everywhere)."""
-    return subprocess.run(
-        [sys.executable, "-m", "probe", *map(str, args)],
-        capture_output=True, text=True, timeout=timeout, check=False,
-        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
-    )  # fmt: skip
+    return probe_cli(*args, timeout=timeout, env={"CUDA_VISIBLE_DEVICES": ""})
 
 
 @pytest.fixture(scope="module")
@@ -290,11 +287,8 @@ def test_runs_and_show_read_the_store(recorded: Path) -> None:
 
 def test_the_env_var_chooses_the_store(tmp_path: Path, photos: Path) -> None:
     db = tmp_path / "from-env.db"
-    result = subprocess.run(
-        [sys.executable, "-m", "probe", "run", "--gpus", "none", "--data", str(photos), *SMALL],
-        capture_output=True, text=True, timeout=300, check=False,
-        env={**os.environ, "FEEDSCOPE_DB": str(db)},
-    )  # fmt: skip
+    result = probe_cli("run", "--gpus", "none", "--data", photos, *SMALL, timeout=300,
+                       env={"FEEDSCOPE_DB": str(db)})  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert f"store: {db}" in result.stderr
     with Store(db) as store:

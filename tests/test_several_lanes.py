@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ from typing import Any
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from helpers import probe_cli
+from helpers import probe_cli, run_captured
 from pipelines import available_cpus
 from probe.judge.results import DALI, TORCH, Session
 
@@ -36,11 +35,11 @@ def test_torchrun_ranks_on_too_few_cores_add_up(
     loop's thread no more than one core, and the run's images/s is its lanes'."""
     db = tmp_path / "ranks.db"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(
+    result = run_captured(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
          "-m", "probe", "run", *SMALL, "--data", str(filled_store["photos"]), "--workers", "3",
          "--consumer", "sleep:5", "--duration", "6", "--db", str(db), "--json"],
-        capture_output=True, text=True, timeout=300, check=False, env=env,
+        timeout=300, env=env,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     document = json.loads(result.stdout)

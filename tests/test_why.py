@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from helpers import MOVED, probe_cli, skip_on_a_busy_host
+from helpers import MOVED, probe_cli, run_captured, skip_on_a_busy_host
 from pipelines import CpuLimits
 from pipelines.sample_data import SampleParams, make_sample_dataset
 from probe import watch
@@ -44,12 +44,11 @@ def show(db: Path, run: str = "last") -> dict[str, Any]:
 
 
 def run(db: Path, photos: Path, *args: Any, prefix: tuple[str, ...] = ()) -> dict[str, Any]:
-    import subprocess
     import sys
 
     command = [*prefix, sys.executable, "-m", "probe", "run", "--data", str(photos), "--db",
                str(db), *CPU, *map(str, args)]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+    result = run_captured(command, timeout=600)
     assert result.returncode == 0, result.stderr
     return show(db)
 
