@@ -102,7 +102,7 @@ def diagnosis(diag: RunDiagnosis, session_id: str | None, scope: str = "") -> No
         if diag.answered_by is not None:
             basis = f"the doctor session's, measured: {diag.answered_by}"
         st.markdown(f"**Recommendations** ({basis})")
-        common.recommendation_list(diag.recommendations, diag.asides, scope)
+        common.recommendation_list(diag.recommendations, diag.asides, scope, diag.verified)
 
 
 @common.page

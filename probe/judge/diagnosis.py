@@ -37,6 +37,7 @@ class RunDiagnosis:
     partial: bool
     answered_by: str | None = None  # the doctor session whose recommendations these are
     asides: tuple[Recommendation, ...] = ()  # changes that lose against yours: told after
+    verified: bool = True  # the session's run again bore its recommendation out ("verified")
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -66,6 +67,7 @@ def diagnose_run(store: Store, run_id: str, sweep: SweepAnalysis | None = None) 
             recommendations=session.recommendations,
             asides=session.asides,
             answered_by=session.session_id,
+            verified=session.verify is None or session.verify.verified,
         )
     return diagnosis
 

@@ -237,6 +237,7 @@ def print_run(document: RunDocument, diagnosis: RunDiagnosis) -> None:
             diagnosis.recommendations,
             diagnosis.asides,
             tables.job_scope(tables.run_devices(document)),
+            diagnosis.verified,
         )
     )
 
