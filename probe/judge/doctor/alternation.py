@@ -10,6 +10,7 @@ same way: decided where its pairs decide it, "either" where they do not.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -18,9 +19,10 @@ from probe.judge.results import InTurn
 from probe.judge.session import WarmSession, point_of, with_change
 from probe.measure.config import ProbeConfig
 from probe.records import RunStatus
-from probe.steady import DRIFT, Estimate, pooled
+from probe.steady import DRIFT, Estimate, pooled, t95
 
 MAX_PAIRS = 5  # pairs measured at most: past that, a call this close is "either"
+MIN_PAIRS = 2  # a call is decided on this many pairs (or on those the budget fits)
 MAX_MORE_PAIRS = 20  # past this many more pairs, the call is said to need longer than a session
 
 
@@ -60,9 +62,11 @@ class Alternation:
 
 def pair_ratio(pairs: Sequence[tuple[Estimate, Estimate]]) -> Estimate | None:
     """B over A from pairs of adjacent runs (a, b): their mean weighted by each pair's error, and
-    the 95% half-width of that mean. A pair's error holds both runs' own and DRIFT each (two runs
-    of one setting differ by more than their errors); where the pairs scatter more than those
-    errors allow, the error grows by the scatter (the Birge ratio). None: no pair with errors."""
+    the 95% half-width of that mean: from the pairs' own errors (each holds both runs' own and
+    DRIFT each: two runs of one setting differ by more than their errors), or where the pairs
+    scatter more than that, from their scatter, as Student's t reads a few samples (on a shared
+    host, pairs differ by more than their runs' errors: seen, a tenth on the 2-core machine).
+    None: no pair with errors."""
     ratios, errors = [], []
     for a, b in pairs:
         if a.value <= 0 or a.error is None or b.error is None:
@@ -76,8 +80,8 @@ def pair_ratio(pairs: Sequence[tuple[Estimate, Estimate]]) -> Estimate | None:
     mean = sum(w * r for w, r in zip(weights, ratios, strict=True)) / sum(weights)
     error = 1 / math.sqrt(sum(weights))
     if len(ratios) > 1:
-        scatter = sum(w * (r - mean) ** 2 for w, r in zip(weights, ratios, strict=True))
-        error *= max(1.0, math.sqrt(scatter / (len(ratios) - 1)))
+        spread = statistics.stdev(ratios) / math.sqrt(len(ratios))
+        error = max(error, t95(len(ratios) - 1) * spread)
     return Estimate(mean, error, len(ratios))
 
 
@@ -128,7 +132,8 @@ def alternate(
     label: str,
 ) -> Alternation:
     """Measures `first`, then the other, and so on, a pair at a time while the budget fits a
-    whole pair, until the pairs decide B against `bar` times A or MAX_PAIRS were measured; where
+    whole pair, until MIN_PAIRS pairs (or those the budget fits) decide B against `bar` times A,
+    or MAX_PAIRS were measured; where
     no pair fits, `first` alone (its verification, no pair). Each run measures at most
     `length_s` (it stops sooner once precise)."""
     order = (first, b if first == a else a)
@@ -152,7 +157,8 @@ def alternate(
             break
         runs += pair
         ratio = pair_ratio(runs_pairs(runs, a))
-        verdict = decided(ratio, bar)
+        last = len(runs) >= 2 * MAX_PAIRS or not session.budget.fits(1)
+        verdict = decided(ratio, bar) if len(runs) >= 2 * MIN_PAIRS or last else None
         winner = None if verdict is None else (b if verdict else a)
         result = Alternation(a, b, tuple(runs), ratio, bar, winner)
         if winner is not None:
