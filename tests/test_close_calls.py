@@ -20,6 +20,7 @@ from probe.judge.changes import Change, Knob, Recommendation, workers
 from probe.judge.dali_run import CoresFreed, DaliRun
 from probe.judge.doctor import answer as doctor_answer
 from probe.judge.doctor.alternation import (
+    PIPELINES_SPREAD,
     Alternation,
     decided,
     more_pairs,
@@ -59,30 +60,42 @@ def test_pairs_that_clear_the_bar_decide_and_pairs_that_hold_it_are_either() -> 
     assert close is not None and close.value == pytest.approx(1.19, abs=0.01)
     assert decided(close, 1.15) is None
     more = more_pairs(close, 1.15)
-    assert more is not None and more >= 1
+    assert more is not None and more >= 1  # the pairs' own error alone: more pairs decide
+    wide = pair_ratio(pairs((451, 537), (470, 560), (460, 548)), 0.10)
+    assert wide is not None and close.error is not None and wide.error is not None
+    assert wide.error > close.error and more_pairs(wide, 1.15, 0.10) is None  # sessions differ
+    far = Estimate(1.30, 0.16, 2)  # +30% ± 16% on two pairs: more pairs would tell it
+    assert decided(far, 1.15) is None and more_pairs(far, 1.15, 0.10) == 2
     short = pair_ratio(pairs((451, 460), (470, 475)))
     assert decided(short, 1.15) is False
 
 
-# The three `probe doctor --gpus none` sessions in a row on the idle 2-core machine (sample data,
-# sleep:30, batch 32): each pair's num_workers=2 and DALI cpu with 2 threads, images/s and 95%.
+# Six `probe doctor --gpus none` sessions, two series of three in a row, on the idle 2-core
+# machine (sample data, sleep:30, batch 32): each pair's num_workers=2 and DALI cpu with 2
+# threads, images/s and their 95% intervals.
 MEASURED = {
     "1": [((745, 38), (863, 23)), ((751, 30), (789, 39)), ((622, 31), (756, 47))],
     "2": [((741, 42), (779, 89)), ((667, 27), (795, 30)), ((616, 33), (879, 46)),
           ((572, 31), (814, 34))],
     "3": [((752, 31), (859, 48)), ((657, 70), (835, 41)), ((697, 25), (821, 33)),
           ((660, 33), (781, 48)), ((649, 32), (818, 35))],
+    "4": [((618, 36), (886, 48)), ((799, 32), (882, 42)), ((739, 65), (789, 35)),
+          ((737, 55), (853, 41)), ((675, 36), (844, 72))],
+    "5": [((841, 29), (988, 24)), ((766, 31), (907, 37)), ((751, 47), (923, 46)),
+          ((648, 31), (948, 34)), ((754, 59), (849, 44))],
+    "6": [((607, 24), (809, 33)), ((654, 50), (915, 40)), ((615, 25), (780, 28))],
 }  # fmt: skip
 
 
 @pytest.mark.parametrize("session", sorted(MEASURED))
 def test_the_sessions_measured_on_the_2_core_machine_answer_the_same(session: str) -> None:
-    """Each session alone: DALI +13% to +27% on num_workers=2 (a pair of runs apart by a tenth
-    from the next): within each one's interval the 15% bar lies, so each says "either", and
-    the first answer, the DataLoader, is the same three times."""
+    """Each session alone: DALI +13% to +33% on num_workers=2 (a pair of runs apart by a tenth
+    from the next, a session's pairs by more than their errors from another's): within each
+    one's interval the 15% bar lies, so each says "either", and the first answer, the
+    DataLoader, is the same six times."""
     pairs = [(Estimate(a, ea, 10), Estimate(b, eb, 10)) for (a, ea), (b, eb) in MEASURED[session]]
-    ratio = pair_ratio(pairs)
-    assert ratio is not None and 1.10 < ratio.value < 1.30
+    ratio = pair_ratio(pairs, PIPELINES_SPREAD)
+    assert ratio is not None and 1.10 < ratio.value < 1.35
     assert decided(ratio, 1.15) is None
 
 
@@ -242,7 +255,7 @@ def test_a_call_the_pairs_cannot_decide_is_either_the_same_way_every_time(
     assert [r.setting for r in out] == [YOURS, DALI]
     assert verification is not None and verification.outcome is not None
     assert "either may be the answer" in verification.outcome
-    assert "more pair" in verification.outcome and "--budget" in verification.outcome
+    assert "no longer session would decide it" in verification.outcome
     assert out[1].notes[-1].startswith("either: DALI gave +17%")
     assert dali.advice is not None and dali.advice.startswith("either: ")
     assert "worth the migration" not in " ".join(out[0].notes)  # nothing argues with it

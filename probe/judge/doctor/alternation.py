@@ -21,6 +21,11 @@ from probe.measure.config import ProbeConfig
 from probe.records import RunStatus
 from probe.steady import DRIFT, Estimate, pooled, t95
 
+# DALI against the DataLoader, measured in alternation, moved from session to session by more
+# than each session's interval: six doctor sessions in a row on the idle 2-core machine read
+# DALI +13% to +32% on num_workers=2 (pairs' ratios 1.13-1.32, sd 0.07, of which each session's
+# own error holds about half). A call between the two pipelines allows this much more (95%).
+PIPELINES_SPREAD = 0.10
 MAX_PAIRS = 5  # pairs measured at most: past that, a call this close is "either"
 MIN_PAIRS = 2  # a call is decided on this many pairs (or on those the budget fits)
 MAX_MORE_PAIRS = 20  # past this many more pairs, the call is said to need longer than a session
@@ -37,6 +42,7 @@ class Alternation:
     ratio: Estimate | None  # B over A, from adjacent pairs (None: no pair completed)
     bar: float
     decided: Change | None
+    spread: float = 0.0  # what sessions differ by, allowed for (`pair_ratio`)
 
     def of(self, change: Change) -> Estimate | None:
         """A setting's runs pooled (None: none measured)."""
@@ -60,13 +66,14 @@ class Alternation:
         return f"{self.ratio.value - 1:+.0%}{error} over {pairs}"
 
 
-def pair_ratio(pairs: Sequence[tuple[Estimate, Estimate]]) -> Estimate | None:
+def pair_ratio(pairs: Sequence[tuple[Estimate, Estimate]], spread: float = 0.0) -> Estimate | None:
     """B over A from pairs of adjacent runs (a, b): their mean weighted by each pair's error, and
     the 95% half-width of that mean: from the pairs' own errors (each holds both runs' own and
     DRIFT each: two runs of one setting differ by more than their errors), or where the pairs
     scatter more than that, from their scatter, as Student's t reads a few samples (on a shared
-    host, pairs differ by more than their runs' errors: seen, a tenth on the 2-core machine).
-    None: no pair with errors."""
+    host, pairs differ by more than their runs' errors: seen, a tenth on the 2-core machine);
+    and `spread` of the ratio besides, what sessions differ by (PIPELINES_SPREAD). None: no pair
+    with errors."""
     ratios, errors = [], []
     for a, b in pairs:
         if a.value <= 0 or a.error is None or b.error is None:
@@ -80,9 +87,8 @@ def pair_ratio(pairs: Sequence[tuple[Estimate, Estimate]]) -> Estimate | None:
     mean = sum(w * r for w, r in zip(weights, ratios, strict=True)) / sum(weights)
     error = 1 / math.sqrt(sum(weights))
     if len(ratios) > 1:
-        spread = statistics.stdev(ratios) / math.sqrt(len(ratios))
-        error = max(error, t95(len(ratios) - 1) * spread)
-    return Estimate(mean, error, len(ratios))
+        error = max(error, t95(len(ratios) - 1) * statistics.stdev(ratios) / math.sqrt(len(ratios)))
+    return Estimate(mean, math.hypot(error, spread * mean), len(ratios))
 
 
 def decided(ratio: Estimate | None, bar: float) -> bool | None:
@@ -97,16 +103,19 @@ def decided(ratio: Estimate | None, bar: float) -> bool | None:
     return None
 
 
-def more_pairs(ratio: Estimate | None, bar: float) -> int | None:
+def more_pairs(ratio: Estimate | None, bar: float, spread: float = 0.0) -> int | None:
     """The pairs more than those measured that would decide the call, should B's gain hold where
-    it was measured (the error shrinking as one over the root of the pairs); None where that is
-    past MAX_MORE_PAIRS (the gain sits on the bar)."""
+    it was measured (the pairs' own error shrinking as one over the root of their count, what
+    sessions differ by, `spread`, not at all); None where no session of up to MAX_MORE_PAIRS
+    more would (the gain lies within what sessions differ by of the bar)."""
     if ratio is None or ratio.error is None:
         return None
-    distance = abs(ratio.value - bar)
-    if distance == 0:
+    floor = spread * ratio.value
+    room = (ratio.value - bar) ** 2 - floor**2
+    if room <= 0:
         return None
-    needed = math.ceil(ratio.blocks * (ratio.error / distance) ** 2) - ratio.blocks
+    own = max(0.0, ratio.error**2 - floor**2)
+    needed = math.ceil(ratio.blocks * own / room) - ratio.blocks
     return max(1, needed) if needed <= MAX_MORE_PAIRS else None
 
 
@@ -130,6 +139,7 @@ def alternate(
     first: Change,
     length_s: float,
     label: str,
+    spread: float = 0.0,
 ) -> Alternation:
     """Measures `first`, then the other, and so on, a pair at a time while the budget fits a
     whole pair, until MIN_PAIRS pairs (or those the budget fits) decide B against `bar` times A,
@@ -138,7 +148,7 @@ def alternate(
     `length_s` (it stops sooner once precise)."""
     order = (first, b if first == a else a)
     runs: list[InTurn] = []
-    result = Alternation(a, b, (), None, bar, None)
+    result = Alternation(a, b, (), None, bar, None, spread)
     while len(runs) < 2 * MAX_PAIRS and not session.stop.is_set():
         alone = not runs and not session.budget.fits(1)  # no pair fits: `first` alone
         if alone and not session.budget.fits():
@@ -152,15 +162,15 @@ def alternate(
                 break
             pair.append(run)
         if alone:
-            return Alternation(a, b, tuple(pair), None, bar, None)
+            return Alternation(a, b, tuple(pair), None, bar, None, spread)
         if len(pair) < 2:
             break
         runs += pair
-        ratio = pair_ratio(runs_pairs(runs, a))
+        ratio = pair_ratio(runs_pairs(runs, a), spread)
         last = len(runs) >= 2 * MAX_PAIRS or not session.budget.fits(1)
         verdict = decided(ratio, bar) if len(runs) >= 2 * MIN_PAIRS or last else None
         winner = None if verdict is None else (b if verdict else a)
-        result = Alternation(a, b, tuple(runs), ratio, bar, winner)
+        result = Alternation(a, b, tuple(runs), ratio, bar, winner, spread)
         if winner is not None:
             break
     return result

@@ -11,7 +11,12 @@ from dataclasses import replace
 from probe.judge.changes import Change, Knob, Recommendation, workers
 from probe.judge.dali_run import CoresFreed, DaliRun
 from probe.judge.diagnosis import diagnose_run
-from probe.judge.doctor.alternation import Alternation, alternate, more_pairs
+from probe.judge.doctor.alternation import (
+    PIPELINES_SPREAD,
+    Alternation,
+    alternate,
+    more_pairs,
+)
 from probe.judge.epochs import epoch_fixes
 from probe.judge.evidence import Evidence, gpu_sharing, gpu_sharing_evidence, measured
 from probe.judge.facts import run_facts
@@ -323,7 +328,7 @@ def _dali_call(
     bar = 1 + dali_gain_needed(dali.freed)
     length = min(session.budget.measured, default=0.0) / 2  # half the shortest point: pairs pool
     call = alternate(session, base, a, b, bar, first=top.change, length_s=length,
-                     label="in alternation")  # fmt: skip
+                     label="in alternation", spread=PIPELINES_SPREAD)  # fmt: skip
     if not call.runs:
         return None, recommendations, dali
     if not call.pairs:
@@ -338,12 +343,13 @@ def _dali_call(
         out = [_measured(loader, call, top, outcome), *rest]
         dali = replace(dali, advice=f"DALI is not worth the migration: {outcome}")
     else:
-        more = more_pairs(call.ratio, bar)
+        more = more_pairs(call.ratio, bar, call.spread)
         decides = (
             f"about {more} more pair{'s' if more > 1 else ''} would decide it, should the gain "
             f"hold (--budget {session.budget.needed(2 * more - 1)})"
             if more is not None
-            else "the gain sits on the bar: no length of measuring would decide it"
+            else "its gain lies within what sessions on one host differ by of the bar: no longer "
+            "session would decide it, and either is as good as this host can tell"
         )
         outcome = (
             f"measured in alternation, {gain}: {need} lies within that; either may be the "
