@@ -401,7 +401,9 @@ def test_the_session_page_gives_the_doctors_answer_and_its_curve(
 
 def test_the_verified_figure_is_signed_measured_against_predicted() -> None:
     """One sign convention: (measured - predicted) / predicted, first in a metric's delta (its
-    arrow and colour follow it); "verified" only where the run again agreed."""
+    arrow and colour follow it); "verified" only where the run again agreed, and where it did
+    not, no percentage beside it (the verification's line gives the one, against the
+    prediction as first made)."""
 
     def item(predicted: float, measured: float | None) -> Recommendation:
         return Recommendation("no change", workers(2), predicted, "measured",
@@ -412,7 +414,8 @@ def test_the_verified_figure_is_signed_measured_against_predicted() -> None:
     assert measured_again(item(871, 895), delta=True) == f"+2.8%: verified {cell(895)}"  # up
     assert measured_again(item(871, None)) is None
     refuted = measured_again(item(447, 379), agreed=False)
-    assert refuted == f"measured again {IMAGES_PER_S.text(379)} (-15.2%)"
+    assert refuted == f"measured again {IMAGES_PER_S.text(379)}"
+    assert measured_again(item(447, 379), agreed=False, delta=True) == refuted
     assert against(379, 447) == pytest.approx(-0.152, abs=1e-3)
 
 

@@ -19,6 +19,7 @@ from probe.judge.changes import Recommendation
 from probe.judge.diagnosis import diagnose_run
 from probe.judge.results import focus_run, read_session, resolve_subject
 from probe.present.progress import last_progress, progress_line
+from probe.present.tables import ASIDE
 from probe.records import RunRecord, RunStatus
 from probe.store.db import Store
 
@@ -96,7 +97,8 @@ def test_a_sessions_runs_give_its_measured_recommendations_not_their_own(
         shown = probe_cli("show", verify["run_id"], "--db", filled_store["db"])
         assert f"doctor session {doctor['session_id']}'s, measured" in shown.stderr
         text = shown.stdout + shown.stderr
-        ranked = [line.strip() for line in text.splitlines() if re.match(r"\s+\d+\. ", line)]
+        listed = text.split("recommendations:", 1)[1].split(ASIDE, 1)[0]  # not those set aside
+        ranked = [line.strip() for line in listed.splitlines() if re.match(r"\s+\d+\. ", line)]
         expected = [Recommendation.from_json(r) for r in doctor["recommendations"]]
         assert len(ranked) == len(expected)
         for rank, (line, item) in enumerate(zip(ranked, expected, strict=True), 1):

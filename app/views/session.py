@@ -77,9 +77,11 @@ def answer(session: Session) -> None:
         tile(
             cols[3], "recommended", top.setting,
             IMAGES_PER_S.cell(top.predicted_images_per_s, top.predicted_error),
-            delta=measured_again(top, agreed, delta=True),
+            # a delta's arrow reads its sign: only a verified figure has one
+            delta=measured_again(top, agreed, delta=True) if agreed else None,
             help=f"images/s{scope} predicted (measured in its point); verified: run again, "
-            "and agreeing",
+            "known within the precision asked, and agreeing"
+            + ("" if agreed else f"; {measured_again(top, agreed) or 'not run again'}"),
         )  # fmt: skip
     if session.recommendations or session.asides:
         summary = verification_summary(session)

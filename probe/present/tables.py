@@ -493,7 +493,7 @@ def diagnosis_lines(
     return lines
 
 
-ASIDE = "measured or predicted below yours"  # what sets a change aside
+ASIDE = "measured or predicted below yours or the answer"  # what sets a change aside
 
 
 def loader_lines(
