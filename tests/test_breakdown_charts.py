@@ -314,5 +314,5 @@ def test_a_doctor_summary_with_its_stages_still_fits_a_pr_comment(
     )
     text = render(replace(report, run=replace(report.run, lanes=lanes)), "md")
     assert f"| ms per image | {STAGE_TIME.number(_REST)} | 4.00 | 2.00 | " in text
-    runs = len(filled_store["doctor"]["run_ids"])  # a row a run, as test_report's summary
-    assert len(text.splitlines()) - runs < 34, text
+    plain = render(report, "md")  # test_report's summary: a few lines and a row a run
+    assert len(text.splitlines()) <= len(plain.splitlines()) + 8, text  # the stages: a table

@@ -72,7 +72,7 @@ def test_the_markdown_summary_of_a_doctor_session_fits_a_pr_comment(
     assert f"predicted {shown} images/s" in text
     runs = re.findall(r"^\| (\d{8}-\d{6}-\w{4}) \|", text, re.MULTILINE)
     assert runs == doctor["run_ids"]
-    assert len(text.splitlines()) - len(runs) < 34  # a row a run (a close call's pairs too)
+    assert len(text.splitlines()) - len(runs) < 40, text  # and a row a run (a call's pairs too)
 
 
 def test_reports_of_a_failed_run_say_it_is_partial(filled_store: dict[str, Any]) -> None:
