@@ -99,7 +99,9 @@ def test_a_watched_job_is_one_run_with_an_epoch_per_for_and_its_epoch_starts_jud
     start = document["lanes"][0]["epoch_start"]
     assert start["starts"] == 3 and start["batches_per_epoch"] == 4
     assert start["share"] >= 0.05
-    assert start["loader_start_ms"] is None  # your loader: its start is not seen apart
+    # Its start, iter() (which starts the workers), is seen apart from the prefetch's refill.
+    assert 0 < start["loader_start_ms"] <= start["stall_ms"]
+    assert start["refill_ms"] == pytest.approx(start["stall_ms"] - start["loader_start_ms"])
     skip_on_a_busy_host({"diagnosis": diagnosis})
     assert diagnosis["verdict"]["kind"] == "epoch_start_stall"
     settings = [r["setting"] for r in diagnosis["recommendations"]]

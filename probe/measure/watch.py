@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pipelines import InputError
+from probe.measure.described import batch_size, describe, image_size, type_name
 from probe.measure.devices import CudaDevice, cuda_devices, device_sync, loop_device
 from probe.measure.live import Labels, Live, nvml_index, require, start_live
 from probe.measure.recorder import Drained, Recorder
@@ -184,7 +185,9 @@ class Watched(Generic[T]):
         self._active[0] = True
         timer.ask()  # before iter(): a DataLoader starts, or resumes, its workers there
         try:
+            started_ns = time.monotonic_ns()
             source = unwatched(self.iterable)
+            recording.started(epoch, started_ns, time.monotonic_ns())
             while True:
                 try:
                     batch = next(source)
@@ -192,6 +195,7 @@ class Watched(Generic[T]):
                     return
                 timer.got()
                 size = batch_size(batch)
+                recording.saw(batch)
                 yield batch
                 if not recording.ended:  # a recording given up on keeps nothing more
                     events.append(self._warm(timer.done(size, epoch)))
@@ -241,6 +245,8 @@ class Hooked:
         if self._timer is not None:
             self._timer.got()
             self._size = batch_size(batch)
+            if self.watched._recording is not None:
+                self.watched._recording.saw(batch)
 
     def batch_end(self) -> None:
         recording, timer = self.watched._recording, self._timer
@@ -279,22 +285,6 @@ def _workers(iterable: Any) -> int | None:
     """A torch DataLoader's workers, which make batches in turn."""
     workers = getattr(iterable, "num_workers", None)
     return workers if isinstance(workers, int) else None
-
-
-def batch_size(batch: Any) -> int:
-    """How many samples a batch holds: the first dimension of its first tensor (tuples, lists
-    and dicts are looked into, as DataLoader and DALI iterators yield them); 1 if none."""
-    for _ in range(4):
-        shape = getattr(batch, "shape", None)
-        if shape is not None and len(shape) > 0:
-            return int(shape[0])
-        if isinstance(batch, dict) and batch:
-            batch = next(iter(batch.values()))
-        elif isinstance(batch, (list, tuple)) and batch:
-            batch = batch[0]
-        else:
-            break
-    return 1
 
 
 class Answer:
@@ -344,6 +334,13 @@ class _Recording:
         self._wait_for_device = device_sync(None) if _without_cuda() else None
         self._numbers = itertools.count()  # the lane's batches, over all its epochs
         self.events: deque[BatchEvent] = deque()  # appended by the loop, taken by the writer
+        # Each `for`'s start as the loop saw it, [epoch, iter() called, iter() returned]: a
+        # DataLoader starts (or resumes) its workers in iter(), and what follows until the
+        # first batch is the prefetch's refill (workers started by `spawn` finish starting
+        # then too, and count as refill).
+        self.starts: list[list[int]] = []
+        self.spec: dict[str, Any] = {}  # what the batches tell of the pipeline, to write once
+        self._shaped = False
         self.gpus = gpus
         self.recorder: Recorder | None = None
         self.live: Live | None = None  # the figures for Prometheus and TensorBoard
@@ -391,7 +388,7 @@ class _Recording:
         else:
             run_id = new_run_id()
         hostname = socket.gethostname()
-        kind, spec = _describe(watched.iterable)
+        kind, spec = describe(watched.iterable)
         run = RunRecord(
             run_id=run_id, kind="watch", created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             status=RunStatus.RUNNING, reason=None, pipeline=kind, consumer="your training step",
@@ -402,7 +399,7 @@ class _Recording:
                 "sample_hz": watched.sample_hz, "world_size": world, "torchrun": rank is not None,
                 "lanes": [{"lane": lane, "gpu": None if device is None else device.index,
                            "shard_id": lane, "num_shards": world}],
-                "iterable": _type_name(watched.iterable),
+                "iterable": type_name(watched.iterable),
             },
             host=describe_host(gpus), hostname=hostname, pid=os.getpid(),
             started_ns=time.monotonic_ns(), ended_ns=None,
@@ -452,6 +449,17 @@ class _Recording:
             live.listeners.append(self.board)
         self.live = live
 
+    def started(self, epoch: int, called_ns: int, returned_ns: int) -> None:
+        self.starts.append([epoch, called_ns + self.shift, returned_ns + self.shift])
+
+    def saw(self, batch: Any) -> None:
+        """Notes what the first batch tells of the pipeline: its images' size."""
+        if not self._shaped:
+            self._shaped = True
+            side = image_size(batch)
+            if side is not None:
+                self.spec["image_size"] = side
+
     def timer(self) -> BatchTimer:
         """A timer for one `for` over the loader, numbering on from the others."""
         return BatchTimer(self.lane, self._wait_for_device, self._numbers)
@@ -498,7 +506,7 @@ class _Recording:
                     _warn_once(f"recording stopped: {reason}")
                 run, lane = store.run(self.run.run_id), store.lanes(self.run.run_id)
                 mine = next(x for x in lane if x.lane == self.lane)
-                figures = lane_figures_from_store(store, run, mine)
+                figures = lane_figures_from_store(store, run, mine, self.starts)
                 update = partial(store.update_lane, run.run_id, self.lane)
                 patiently(partial(update, status=status, reason=reason, summary=figures))
                 patiently(partial(settle_run, store, run.run_id))
@@ -509,6 +517,12 @@ class _Recording:
         """Writes what the loop and the samplers produced since the last write, with what
         earlier writes could not; returns whether the store is lost to the recording."""
         events = [self.events.popleft() for _ in range(len(self.events))]
+        if self.spec and self.lane == 0:  # one rank describes the run
+            try:
+                store.update_spec(self.run.run_id, **self.spec)
+                self.spec = {}
+            except Exception:  # a locked store: with the next write
+                pass
         drained = self.recorder.drain() if self.recorder is not None else None
         if self.live is not None:
             try:
@@ -537,43 +551,6 @@ def _device_in_use(rank: Any) -> CudaDevice | None:
     or None for the CPU."""
     index = loop_device(rank.local_rank if rank is not None else 0)
     return next((d for d in cuda_devices() if d.index == index), None)
-
-
-def _describe(iterable: Any) -> tuple[str, dict[str, Any]]:
-    """The pipeline kind ("torch", "dali" or "custom") and what can be read of its settings."""
-    module = type(iterable).__module__
-    if module.startswith("torch.utils.data"):
-        dataset = getattr(iterable, "dataset", None)
-        root = getattr(dataset, "root", None) or f"{_type_name(dataset)} (its folder not known)"
-        workers = int(getattr(iterable, "num_workers", 0))
-        return "torch", {
-            "data_dir": str(root),
-            "batch_size": getattr(iterable, "batch_size", None),
-            "dataloader": {
-                "num_workers": workers,
-                "pin_memory": bool(getattr(iterable, "pin_memory", False)),
-                "prefetch_factor": getattr(iterable, "prefetch_factor", None),
-                "persistent_workers": bool(getattr(iterable, "persistent_workers", False)),
-                "output_dtype": None,
-            },
-            "dali": {},
-        }
-    if module.startswith("nvidia.dali"):
-        pipes = getattr(iterable, "_pipes", None) or [None]
-        return "dali", {
-            "data_dir": "(read by the DALI pipeline)",
-            "batch_size": getattr(iterable, "batch_size", None),
-            "dataloader": {},
-            "dali": {"num_threads": getattr(pipes[0], "num_threads", None), "decoder": None},
-        }
-    return "custom", {
-        "data_dir": f"{_type_name(iterable)} (not known)", "batch_size": None, "dataloader": {},
-        "dali": {},
-    }  # fmt: skip
-
-
-def _type_name(value: object) -> str:
-    return f"{type(value).__module__}.{type(value).__name__}"
 
 
 def _warn_once(message: str) -> None:

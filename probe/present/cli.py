@@ -285,6 +285,7 @@ def doctor(
     as_json: bool,
     db: Path | None,
     budget: float | None,
+    like: str | None,
     scaling: bool,
 ) -> int:
     """The whole diagnosis: is the GPU starved, why, and what to change; verified by running it.
@@ -297,8 +298,22 @@ def doctor(
     --precision. The default consumer is a simulated 30 ms step per batch, whatever the batch
     size: at a GPU's batch of 128, about what ResNet-50 takes on one H200. On several GPUs it
     predicts how the job grows from 1 GPU to N on this host's cores (--scaling measures it).
+
+    With --like RUN it measures on a watched job's own files, with its batch size, image size,
+    workers and measured step: what your script would gain from each change.
     """
-    return measuring.doctor(pipeline, lanes, as_json, db, budget, scaling)
+    given = _given_on_the_command_line()
+    return measuring.doctor(pipeline, lanes, as_json, db, budget, scaling, like, given)
+
+
+def _given_on_the_command_line() -> set[str]:
+    """The options (by `dest`) the command line gave, not left to their defaults."""
+    context = click.get_current_context()
+    return {
+        name
+        for name in context.params
+        if context.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE
+    }
 
 
 @cli.command()

@@ -5,10 +5,11 @@ failed, EXIT_INTERRUPTED where it was stopped (what it recorded is kept).
 
 from __future__ import annotations
 
+import shlex
 import sqlite3
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,14 +33,17 @@ from probe.present.options import (
     DOCTOR_CONSUMER,
     LaneArgs,
     PipelineArgs,
+    argv,
     check_budget,
     doctor_budget,
     doctor_consumer_note,
+    like_values,
     probe_config,
 )
 from probe.records import RunStatus
 from probe.store.connection import StoreBusy, StoreFailed
 from probe.store.db import Store
+from probe.store.documents import read_run
 
 if TYPE_CHECKING:
     from probe.measure.config import ProbeConfig  # imported where used: it brings torch
@@ -59,6 +63,22 @@ def _prepared(*args: Any, **kwargs: Any) -> tuple[ProbeConfig, Store, float]:
 
 BENCH_SCHEMA = "feedscope.bench/1"
 EXIT_FAILED, EXIT_INTERRUPTED = 1, 130
+
+
+def _like(
+    db: Path | None, run_id: str, pipeline: PipelineArgs, lanes: LaneArgs, given: Collection[str]
+) -> tuple[PipelineArgs, LaneArgs]:
+    """The doctor's flags, as the run `run_id` ran (`like_values`) where `given` sets none."""
+    with Store(db, create=db is None) as store:
+        document = read_run(store, store.run(run_id).run_id)
+    values = {k: v for k, v in like_values(document).items() if k not in given}
+    files = document.config.get("spec", {}).get("data_files")
+    read = f"; the job read {files:,} files of it" if files else ""
+    console.err.print(f"like run {document.run_id}: {shlex.join(argv('doctor', values))}{read}")
+    return (
+        replace(pipeline, **{k: v for k, v in values.items() if hasattr(pipeline, k)}),
+        replace(lanes, **{k: v for k, v in values.items() if hasattr(lanes, k)}),
+    )
 
 
 def exit_code(status: str) -> int:
@@ -202,7 +222,6 @@ def run(
 def _finish_run(store: Store, run_id: str, as_json: bool) -> int:
     """A finished run's table, notes and diagnosis (or its JSON); its exit code."""
     from probe.judge.diagnosis import diagnose_run
-    from probe.store.documents import read_run
 
     document = read_run(store, run_id)
     diagnosis = diagnose_run(store, run_id)
@@ -342,11 +361,16 @@ def doctor(
     db: Path | None,
     budget: float | None,
     scaling: bool = False,
+    like: str | None = None,
+    given: Collection[str] = (),
 ) -> int:
-    """`probe doctor`: the whole diagnosis, on lanes kept warm, within its budget."""
+    """`probe doctor`: the whole diagnosis, on lanes kept warm, within its budget; `like`: a
+    stored run whose settings it takes where the flags `given` do not set them."""
     from probe.judge.doctor import run_doctor
     from probe.judge.knee import ladder
 
+    if like is not None:
+        pipeline, lanes = _like(db, like, pipeline, lanes, given)
     if lanes.read != "stream":
         raise InputError(
             "--read: the doctor reads your setting both ways itself (as one stream, and epoch "

@@ -212,6 +212,11 @@ FLAGS: tuple[Flag, ...] = (
          f"does.  [default: {DOCTOR_BUDGET_S['gpu']:g} on GPUs, {DOCTOR_BUDGET_S['cpu']:g} on "
          "the CPU]",
          group="command", commands=("doctor",)),
+    Flag("--like", "like", None, str, None,
+         "Measure like a run (its id, or last): a watched job's files, batch size, image "
+         "size, workers or threads, and its median step as the consumer (sleep:MS); the "
+         "flags given override it.",
+         group="command", commands=("doctor",)),
     Flag("--scaling", "scaling", None, bool, False,
          "On several GPUs: measure the job on 1 GPU and each power of two below too (the "
          "DataLoader and DALI), checking how it scales on this host's cores; the default "
@@ -514,3 +519,40 @@ def reproduce_command(
         if values["gpus"] != "none":
             values["gpus"] = None  # cuda:LOCAL_RANK
     return shlex.join(words + argv("run", values))
+
+
+def like_values(document: RunDocument) -> dict[str, Any]:
+    """`probe doctor`'s flag values (by `dest`) that measure like a stored run: a watched job's
+    files (the folder they share), batch size, image size, workers or threads, and its slowest
+    lane's median step as the consumer (`sleep:MS`); a probe run's own flags.
+
+    Raises:
+        InputError: the run's dataset names no files that can be read, with what to pass.
+    """
+    config = document.config
+    if document.kind == "probe":
+        values = stored_values(config, of_session=True)
+    else:
+        spec = config.get("spec", {})
+        folder = spec.get("data_dir")
+        if not folder or not Path(folder).is_dir():
+            raise InputError(
+                f"run {document.run_id}: its dataset's files are not known ({folder}): give "
+                "--data with a class-per-folder copy of its images"
+            )
+        measured = [lane.figures for lane in document.lanes if lane.figures.batches]
+        steps = [f.step_ms_p50 for f in measured if f.step_ms_p50]
+        images = sum(f.images for f in measured)
+        loader, dali = spec.get("dataloader", {}), spec.get("dali", {})
+        values = {
+            "data_dir": Path(folder),
+            "batch_size": spec.get("batch_size")
+            or (round(images / sum(f.batches for f in measured)) if images else None),
+            "image_size": spec.get("image_size"),
+            "workers": loader.get("num_workers"),
+            "threads": dali.get("num_threads"),
+            "persistent_workers": loader.get("persistent_workers"),
+            "consumer": f"sleep:{decimal(max(steps))}" if steps else None,
+        }
+    doctor = {flag.dest for flag in flags("doctor") if flag.group != "command"}
+    return {k: v for k, v in values.items() if v is not None and k in doctor - {"read"}}

@@ -103,6 +103,17 @@ class Store:
                 (*values.values(), run_id, lane),
             )
 
+    def update_spec(self, run_id: str, **fields: Any) -> None:
+        """Sets some of a run's `config["spec"]` entries: what a watched loop learns of its
+        pipeline once its batches come (their image size)."""
+        with self.transaction() as db:
+            row = db.execute("SELECT config FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+            if row is None:
+                return
+            config = json.loads(row["config"])
+            config["spec"] = {**config.get("spec", {}), **fields}
+            db.execute("UPDATE runs SET config = ? WHERE run_id = ?", (json.dumps(config), run_id))
+
     def finish_run(self, run_id: str, status: RunStatus, reason: str | None, ended_ns: int) -> None:
         with self.transaction() as db:
             db.execute(

@@ -1,0 +1,133 @@
+"""What a watched iterable is, as far as it can be read without changing it: its kind (a torch
+DataLoader, a DALI iterator, anything else), its settings, the image files its dataset names,
+and what its batches hold (how many samples, the images' size).
+
+The files are what `probe doctor --like RUN` measures the other pipelines on: a dataset that
+names them (torchvision's `ImageFolder` and `DatasetFolder` by their `root` and `samples`, a
+dataset holding a list of paths as `samples`, `imgs` or `files`, or a list of paths itself; a
+`Subset` of any of these) gives the folder they share, and how many it reads; any other dataset
+is recorded as not known, with its type, and the doctor asks for `--data`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+# A dataset's attributes that may list its files: torchvision's DatasetFolder, then lists.
+_FILE_LISTS = ("samples", "imgs", "files")
+NOT_KNOWN = "not known"  # the words a data folder that could not be read ends with
+
+
+def describe(iterable: Any) -> tuple[str, dict[str, Any]]:
+    """The pipeline kind ("torch", "dali" or "custom") and what can be read of its settings."""
+    module = type(iterable).__module__
+    if module.startswith("torch.utils.data"):
+        workers = int(getattr(iterable, "num_workers", 0))
+        return "torch", {
+            **data_of(getattr(iterable, "dataset", None)),
+            "batch_size": getattr(iterable, "batch_size", None),
+            "dataloader": {
+                "num_workers": workers,
+                "pin_memory": bool(getattr(iterable, "pin_memory", False)),
+                "prefetch_factor": getattr(iterable, "prefetch_factor", None),
+                "persistent_workers": bool(getattr(iterable, "persistent_workers", False)),
+                "output_dtype": None,
+            },
+            "dali": {},
+        }
+    if module.startswith("nvidia.dali"):
+        pipes = getattr(iterable, "_pipes", None) or [None]
+        return "dali", {
+            "data_dir": "(read by the DALI pipeline)",
+            "batch_size": getattr(iterable, "batch_size", None),
+            "dataloader": {},
+            "dali": {"num_threads": getattr(pipes[0], "num_threads", None), "decoder": None},
+        }
+    return "custom", {
+        "data_dir": f"{type_name(iterable)} ({NOT_KNOWN})", "batch_size": None,
+        "dataloader": {}, "dali": {},
+    }  # fmt: skip
+
+
+def data_of(dataset: Any) -> dict[str, Any]:
+    """Where a dataset's images are: `data_dir`, the folder its files share (or its type and
+    "not known"), and `data_files`, how many files it reads (None: not known)."""
+    files = files_of(dataset)
+    if files:
+        folders = {os.path.dirname(os.path.abspath(f)) for f in files}
+        root = getattr(_inner(dataset), "root", None)
+        shared = os.path.commonpath([*folders, *([os.path.abspath(root)] if root else [])])
+        return {"data_dir": shared, "data_files": len(files)}
+    root = getattr(dataset, "root", None)
+    if isinstance(root, (str, os.PathLike)) and os.path.isdir(root):
+        return {"data_dir": os.path.abspath(root), "data_files": None}
+    return {"data_dir": f"{type_name(dataset)} (its files {NOT_KNOWN})", "data_files": None}
+
+
+def files_of(dataset: Any) -> list[str]:
+    """The image paths a dataset names, in its order (empty: it names none that can be read)."""
+    inner, indices = _inner(dataset), getattr(dataset, "indices", None)
+    listed: Any = inner if _paths(inner) else None
+    for name in _FILE_LISTS:
+        if listed is None:
+            candidate = getattr(inner, name, None)
+            listed = candidate if _paths(candidate) else None
+    if listed is None:
+        return []
+    paths = [str(item[0] if isinstance(item, (tuple, list)) else item) for item in listed]
+    if inner is not dataset and indices is not None:  # a Subset: the files it reads
+        paths = [paths[i] for i in indices]
+    return paths
+
+
+def _inner(dataset: Any) -> Any:
+    """The dataset a `Subset` reads from (the dataset itself otherwise)."""
+    inner = getattr(dataset, "dataset", None)
+    return inner if inner is not None and hasattr(dataset, "indices") else dataset
+
+
+def _paths(value: Any) -> bool:
+    """Whether `value` lists file paths (or (path, label) pairs), judged by its first item."""
+    if not isinstance(value, Sequence) or isinstance(value, (str, bytes)) or not value:
+        return False
+    first = value[0]
+    if isinstance(first, (tuple, list)) and first:
+        first = first[0]
+    return isinstance(first, (str, os.PathLike)) and os.path.isfile(first)
+
+
+def batch_size(batch: Any) -> int:
+    """How many samples a batch holds: the first dimension of its first tensor (tuples, lists
+    and dicts are looked into, as DataLoader and DALI iterators yield them); 1 if none."""
+    shape = _first_shape(batch)
+    return int(shape[0]) if shape else 1
+
+
+def image_size(batch: Any) -> int | None:
+    """The side of a batch's square images (NCHW or NHWC, 1 to 4 channels), or None where its
+    first tensor holds no square images."""
+    shape = _first_shape(batch)
+    if shape is None or len(shape) != 4:
+        return None
+    sides = shape[2:] if shape[1] <= 4 else shape[1:3]
+    return int(sides[0]) if sides[0] == sides[1] else None
+
+
+def _first_shape(batch: Any) -> tuple[int, ...] | None:
+    for _ in range(4):
+        shape = getattr(batch, "shape", None)
+        if shape is not None and len(shape) > 0:
+            return tuple(int(n) for n in shape)
+        if isinstance(batch, dict) and batch:
+            batch = next(iter(batch.values()))
+        elif isinstance(batch, (list, tuple)) and batch:
+            batch = batch[0]
+        else:
+            break
+    return None
+
+
+def type_name(value: object) -> str:
+    return f"{type(value).__module__}.{type(value).__name__}"

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# A user's own job judged on one GPU (a stage a call; the output in OUT/STAGE.log, the store in
+# OUT/feedscope.db): `bash tests/benchmarks/watch_cases.sh STAGE OUT`
+#   data      3,072 camera-sized JPEGs (about 700 KB) in /tmp/data/train, 256 in /tmp/data/val
+#   watchW    pytorch/examples' ImageNet script (ResNet-18, batch 128, 8 epochs, a validation
+#             pass and a checkpoint after each), unchanged, with W workers, under
+#             `probe watch --`, held to 16 cores; its script at .outside/imagenet_main.py
+#   like      `probe doctor --like` the newest watched job, then a 60 s `probe run` of the DALI
+#             setting it found best (tests/benchmarks/like_check.py)
+set -euo pipefail
+stage="$1"; out="$2"
+here="$(cd "$(dirname "$0")" && pwd)"; root="$(cd "$here/../.." && pwd)"
+export FEEDSCOPE_DB="$out/feedscope.db" PYTHONUNBUFFERED=1
+mkdir -p "$out"
+camera=(--width 1600-2000 --height 1200-1500)
+case "$stage" in
+  data)
+    python3 -m probe data make /tmp/data/train --count 3072 "${camera[@]}" --seed 1
+    python3 -m probe data make /tmp/data/val --count 256 "${camera[@]}" --seed 2
+    du -sh /tmp/data ;;
+  watch*)
+    workers="${stage#watch}"
+    mkdir -p /tmp/work && cd /tmp/work  # the script writes its checkpoints here
+    taskset -c 0-15 python3 -m probe watch -- python3 "$root/.outside/imagenet_main.py" \
+      /tmp/data -a resnet18 -j "$workers" -b 128 --epochs 8 --gpu 0 -p 100
+    python3 -m probe runs --limit 4 ;;
+  like)
+    taskset -c 0-15 python3 "$here/like_check.py" --out "$out/like" --long-s 60 ;;
+  *) echo "usage: watch_cases.sh data|watchW|like OUT" >&2; exit 2 ;;
+esac
