@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -22,6 +22,7 @@ from probe.judge.doctor import answer as doctor_answer
 from probe.judge.doctor.alternation import (
     PIPELINES_SPREAD,
     Alternation,
+    clear_call,
     decided,
     more_pairs,
     pair_ratio,
@@ -97,6 +98,27 @@ def test_the_sessions_measured_on_the_2_core_machine_answer_the_same(session: st
     ratio = pair_ratio(pairs, PIPELINES_SPREAD)
     assert ratio is not None and 1.10 < ratio.value < 1.35
     assert decided(ratio, 1.15) is None
+
+
+# One H200, pytorch/examples' ImageNet script's 3,072 camera-sized files, its 27.6 ms step
+# (tests/benchmarks/results/2026-11-27-watch-cases/like): `probe doctor --like` measured
+# num_workers=16 at 846 ± 62 images/s and DALI mixed at 2,861 ± 65; in alternation, with runs
+# of 3 s, the DataLoader read 522 ± 687, 503 ± 662 and 931 ± 1,249, and the call came out
+# "either" (+310% ± 379%), yours first.
+H200_YOURS, H200_DALI = Estimate(846, 62, 0), Estimate(2861, 65, 0)
+
+
+def test_a_call_as_clear_as_the_h200_one_is_decided_on_its_first_measurements() -> None:
+    assert clear_call(H200_YOURS, H200_DALI, 1.15, PIPELINES_SPREAD) is True
+    assert clear_call(H200_DALI, H200_YOURS, 1.0, PIPELINES_SPREAD) is False
+
+
+@pytest.mark.parametrize("session", sorted(MEASURED))
+def test_no_pair_of_the_close_sessions_is_clear_on_its_own(session: str) -> None:
+    """DALI +5% to +46% in single pairs, against the 15% bar: no pair alone decides it, so
+    every session measures the call in alternation."""
+    for (a, ea), (b, eb) in MEASURED[session]:
+        assert clear_call(Estimate(a, ea, 0), Estimate(b, eb, 0), 1.15, PIPELINES_SPREAD) is None
 
 
 def test_a_drifting_host_moves_both_runs_of_a_pair_and_not_the_call() -> None:
@@ -297,6 +319,26 @@ def test_yours_measured_apart_then_dali_in_reach_is_decided_in_alternation_not_l
     assert next(r.setting for r in out) == DALI  # +33% in every pair: it clears the bar
     settings = [x.setting for x in verification.in_turn]
     assert all(a != b for a, b in itertools.pairwise(settings))
+
+
+def test_a_clear_call_is_verified_by_one_run_and_not_measured_in_alternation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The H200 session: DALI first, its run again its verification, and no DataLoader run
+    too short for its slow batches to say anything."""
+    session = recorded(monkeypatch, {DALI: [2929.0]}, 10, 0.02)
+    baseline = SweepPoint(16, H200_YOURS.value, 0.79, 1500.0, "yours", H200_YOURS.error)
+    run = replace(dali_at(H200_DALI.value), images_per_s_error=H200_DALI.error)
+    keep = doctor_answer.keep_yours(baseline, baseline.estimate)
+    verification, out, run = doctor_answer.verify(
+        session,  # type: ignore[arg-type]
+        BASE, [dali_recommendation(run), keep], baseline, VERDICT, run, 16.0,
+    )  # fmt: skip
+    assert session.labels == [f"in alternation: {DALI}"]
+    assert [r.setting for r in out][:2] == [DALI, "num_workers=16"]
+    assert verification is not None and verification.outcome is not None
+    assert verification.outcome.startswith("clear on their first measurements")
+    assert "+238%" in verification.outcome and verification.agrees
 
 
 def test_verified_only_where_the_run_reached_its_precision(

@@ -326,20 +326,24 @@ def _dali_call(
     rest = [r for r in recommendations if r not in (loader, migration)]
     a, b = loader.change, migration.change
     bar = 1 + dali_gain_needed(dali.freed)
-    length = min(session.budget.measured, default=0.0) / 2  # half the shortest point: pairs pool
-    call = alternate(session, base, a, b, bar, first=top.change, length_s=length,
-                     label="in alternation", spread=PIPELINES_SPREAD)  # fmt: skip
+    assert dali.images_per_s is not None  # a migration is recommended where DALI measured
+    initial = (
+        Estimate(loader.predicted_images_per_s or 0.0, loader.predicted_error, 0),
+        Estimate(dali.images_per_s, dali.images_per_s_error, 0),
+    )
+    call = alternate(session, base, a, b, bar, first=top.change, length_s=_pair_length(session),
+                     label="in alternation", spread=PIPELINES_SPREAD, initial=initial)  # fmt: skip
     if not call.runs:
         return None, recommendations, dali
-    if not call.pairs:
+    if not call.pairs and not call.clear:
         return (*_alone(session, base, recommendations, call), dali)
     gain = f"DALI gave {call.gain_text()} on {a.setting}"
     need = f"the {bar - 1:.0%} a migration must gain"
     if call.decided == b:
-        outcome = f"measured in alternation, {gain}: it clears {need}: DALI is the answer"
+        outcome = f"{call.how}, {gain}: it clears {need}: DALI is the answer"
         out = [_measured(migration, call, top, outcome), _measured(loader, call, top), *rest]
     elif call.decided == a:
-        outcome = f"measured in alternation, {gain}: short of {need}: {a.setting} is the answer"
+        outcome = f"{call.how}, {gain}: short of {need}: {a.setting} is the answer"
         out = [_measured(loader, call, top, outcome), *rest]
         dali = replace(dali, advice=f"DALI is not worth the migration: {outcome}")
     else:
@@ -359,6 +363,13 @@ def _dali_call(
         out = [_measured(loader, call, top, outcome), either, *rest]
         dali = replace(dali, advice=f"either: {outcome}")
     return _verification(session, base, top, call, outcome), one_each(out), dali
+
+
+def _pair_length(session: WarmSession) -> float:
+    """The most a run in alternation measures: half the longest point so far (pairs pool,
+    and each run stops once precise: a fast pipeline soon, a slow one, whose every batch is
+    long, not before it has measured enough batches to judge)."""
+    return max(session.budget.measured, default=0.0) / 2
 
 
 def _alone(
@@ -485,17 +496,18 @@ def _workers_call(
     yours = workers(baseline.setting)
     fewer = isinstance(top.change.value, int) and top.change.value < baseline.setting
     bar = 1 - KNEE_WITHIN if fewer else 1.0
-    length = min(session.budget.measured, default=0.0) / 2  # half the shortest point: pairs pool
-    call = alternate(session, base, yours, top.change, bar, first=top.change, length_s=length,
-                     label="in alternation")  # fmt: skip
+    change = Estimate(top.predicted_images_per_s or 0.0, top.predicted_error, 0)
+    initial = (baseline.estimate, change)
+    call = alternate(session, base, yours, top.change, bar, first=top.change,
+                     length_s=_pair_length(session), label="in alternation",
+                     initial=initial)  # fmt: skip
     if not call.runs:
         return None, recommendations, dali
-    if not call.pairs:
+    if not call.pairs and not call.clear:
         return (*_alone(session, base, recommendations, call), dali)
-    mine, theirs = call.of(yours), call.of(top.change)
-    assert mine is not None and theirs is not None  # a pair
+    mine, theirs = call.of(yours) or initial[0], call.of(top.change) or initial[1]
     against = (
-        f"measured in alternation with yours, {top.setting} gave "
+        f"{call.how} with yours, {top.setting} gave "
         f"{IMAGES_PER_S.text(theirs.value)} against {IMAGES_PER_S.text(mine.value)} "
         f"({call.gain_text()})"
     )
