@@ -47,7 +47,9 @@ def __getattr__(name: str) -> Any:
 
         require("lightning", "lightning", "FeedscopeCallback", "lightning")
         from probe.measure.lightning import FeedscopeCallback
+        from probe.measure.watch import Answer
 
+        Answer.teller = _answerer
         return FeedscopeCallback
     if name == "InputError":
         from pipelines import InputError

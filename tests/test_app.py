@@ -360,6 +360,49 @@ def test_a_run_too_short_to_judge_is_told_in_blue_not_green(
     html = probe_cli("report", run.run_id, "--db", db, "--format", "html")
     assert html.returncode == 0, html.stderr
     assert f"<div class='verdict unjudged'>{told}" in html.stdout
+    # tensors, not files: the doctor cannot measure like it, and the page says what to pass
+    (caption,) = [text for text in texts(at.caption) if "files are not known" in text]
+    assert "TensorDataset" in caption and "--data" in caption
+
+
+def test_a_watched_job_that_names_its_files_is_offered_the_doctor_on_them(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, photos: Path
+) -> None:
+    """A dataset holding (path, label) pairs, as torchvision's ImageFolder does: the Run page
+    gives `probe doctor --like RUN`, and its click starts that doctor on the job's files."""
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    from probe import watch
+
+    class Files(Dataset[torch.Tensor]):
+        def __init__(self) -> None:
+            self.samples = [(str(p), 0) for p in sorted(photos.glob("*/*.jpg"))]
+
+        def __len__(self) -> int:
+            return len(self.samples)
+
+        def __getitem__(self, index: int) -> torch.Tensor:
+            return torch.zeros(3, 64, 64)
+
+    db = tmp_path / "store.db"
+    for _ in watch(DataLoader(Files(), batch_size=8), name="train", db=db, answer=False):
+        pass
+    with Store(db) as store:
+        (run,) = store.runs()
+    assert run.config["spec"]["data_dir"] == str(photos)
+    assert run.config["spec"]["data_files"] == 48 and run.config["spec"]["image_size"] == 64
+    at = app(monkeypatch, db, "run", run=run.run_id)
+    no_errors(at)
+    assert f"probe doctor --like {run.run_id}" in texts(at.code)
+    at.button(key="run-like").click().run()
+    no_errors(at)
+    with Store(db) as store:
+        (record,) = store.launches()
+        assert record.argv[:3] == ["doctor", "--data", str(photos)]
+        assert record.argv[-2:] == ["--like", run.run_id]
+        launch.stop(store, record.launch_id)
+        wait_for(lambda: _launch_ended(store, record.launch_id), 60, "the doctor to stop")
 
 
 def test_the_session_page_gives_the_doctors_answer_and_its_curve(

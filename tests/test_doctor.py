@@ -312,3 +312,56 @@ def test_a_short_point_that_would_overstate_fewer_workers_does_not_steer_the_doc
     advised = [r["change"]["value"] for r in doctor_document["recommendations"]
                if r["change"]["knob"] == "num_workers"]  # fmt: skip
     assert advised and min(advised) >= knee, (advised, long)
+
+
+def test_like_a_watched_job_the_doctor_measures_dali_on_its_own_files(
+    tmp_path: Path, photos: Path
+) -> None:
+    """`probe doctor --like RUN`: the job's files (the folder its dataset's paths share), its
+    batch size, image size, workers and median step; a job whose dataset names no files is told
+    what to pass, in one line, exit 2."""
+    import torch
+    from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+    from probe import watch
+
+    class Files(Dataset[torch.Tensor]):
+        def __init__(self) -> None:
+            self.samples = [(str(p), 0) for p in sorted(photos.glob("*/*.jpg"))]
+
+        def __len__(self) -> int:
+            return len(self.samples)
+
+        def __getitem__(self, index: int) -> torch.Tensor:
+            return torch.zeros(3, 48, 48)
+
+    db = tmp_path / "store.db"
+    for _ in watch(DataLoader(Files(), batch_size=6, num_workers=1), db=db, answer=False):
+        time.sleep(0.02)
+    for _ in watch(DataLoader(TensorDataset(torch.zeros(12, 3)), batch_size=4), db=db,
+                   answer=False):  # fmt: skip
+        pass
+    with Store(db) as store:
+        job, tensors = sorted(store.runs(), key=lambda r: r.created)  # the job first
+    refused = probe_cli("doctor", "--like", tensors.run_id, "--db", db, "--gpus", "none")
+    assert refused.returncode == 2 and not refused.stdout
+    (line,) = refused.stderr.strip().splitlines()
+    assert "files are not known" in line and "TensorDataset" in line and "--data" in line
+
+    result = probe_cli("doctor", "--like", job.run_id, "--db", db, "--gpus", "none",
+                       "--budget", "40", "--json")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    said = result.stderr.splitlines()[0]
+    assert said.startswith(f"like run {job.run_id}: --data {photos} --batch-size 6 ")
+    assert "--image-size 48 --workers 1 --no-persistent-workers --consumer sleep:" in said
+    session = json.loads(result.stdout)
+    assert session["consumer"].startswith("sleep:")
+    with Store(db) as store:
+        measured = [store.run(run_id) for run_id in session["run_ids"]]
+    dali = [r for r in measured if r.pipeline == "dali"]
+    assert dali, "DALI was measured"
+    for run in measured:
+        spec = run.config["spec"]
+        assert spec["data_dir"] == str(photos)
+        assert (spec["batch_size"], spec["image_size"]) == (6, 48)
+        assert run.consumer == session["consumer"]

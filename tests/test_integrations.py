@@ -241,7 +241,9 @@ def test_a_lightning_fit_is_one_run_with_its_epochs(tmp_path: Path) -> None:
 
     data = TensorDataset(torch.randn(320, 6), torch.randn(320))
     db = tmp_path / "store.db"
-    callback = FeedscopeCallback("lit", db=db, tensorboard=tmp_path / "tb", tensorboard_every=20)
+    callback = FeedscopeCallback(
+        "lit", db=db, tensorboard=tmp_path / "tb", tensorboard_every=20, answer=False
+    )  # its answer: the next test's
     trainer = L.Trainer(max_epochs=3, callbacks=[callback], accelerator="cpu", logger=False,
                         enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, num_sanity_val_steps=0)  # fmt: skip
@@ -258,6 +260,45 @@ def test_a_lightning_fit_is_one_run_with_its_epochs(tmp_path: Path) -> None:
     # validation (10 ms a batch, 10 batches) between epochs is in no batch's wait
     assert max(e.wait_s for e in events if not e.warmup) < 0.05
     assert any((tmp_path / "tb").iterdir())
+
+
+LIGHTNING_FIT = """
+import sys, time
+import lightning as L, torch
+from torch.utils.data import DataLoader, TensorDataset
+from probe import FeedscopeCallback
+
+class Regression(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(6, 1)
+    def training_step(self, batch, index):
+        x, y = batch
+        time.sleep(0.003)
+        return ((self.layer(x).squeeze(-1) - y) ** 2).mean()
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+data = TensorDataset(torch.randn(320, 6), torch.randn(320))
+trainer = L.Trainer(max_epochs=2, callbacks=[FeedscopeCallback("lit", db=sys.argv[1])],
+                    accelerator="cpu", logger=False, enable_checkpointing=False,
+                    enable_progress_bar=False, enable_model_summary=False)
+trainer.fit(Regression(), DataLoader(data, batch_size=16))
+"""
+
+
+def test_a_lightning_fit_tells_its_answer_when_it_ends(tmp_path: Path) -> None:
+    """As `watch` does at exit: the verdict and the `probe show` that gives the rest."""
+    script = tmp_path / "fit.py"
+    script.write_text(LIGHTNING_FIT)
+    db = tmp_path / "store.db"
+    result = run_captured([sys.executable, script, db], timeout=300)
+    assert result.returncode == 0, result.stderr
+    with Store(db) as store:
+        (run,) = store.runs()
+    told = [line for line in result.stderr.splitlines() if line.startswith("feedscope: ")]
+    assert told[0].startswith("feedscope: lit, 35 batches measured: ")
+    assert told[-1] == f"feedscope:   probe show {run.run_id}"
 
 
 # -- probe watch --: no code change -----------------------------------------------------------

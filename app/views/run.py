@@ -12,10 +12,12 @@ from typing import Any
 import streamlit as st
 
 from app import common
+from probe import InputError
 from probe.judge.diagnosis import RunDiagnosis
 from probe.metrics import DATA_WAIT, IMAGES_PER_S
 from probe.present import charts as figures
-from probe.present.options import reproduce_command
+from probe.present import launch
+from probe.present.options import like_values, reproduce_command
 from probe.present.tables import (
     PIPELINE_ONLY_WAIT,
     headline,
@@ -105,6 +107,36 @@ def diagnosis(diag: RunDiagnosis, session_id: str | None, scope: str = "") -> No
         common.recommendation_list(diag.recommendations, diag.asides, scope, diag.verified)
 
 
+def like_offer(doc: RunDocument) -> None:
+    """A watched job's what-if, measured on its own files: the doctor run like it, with the
+    click that starts it; where its dataset named no files, what to pass instead."""
+    st.markdown("**Measure the changes on this job's own files**")
+    try:
+        values = like_values(doc)
+    except InputError as error:
+        st.caption(f"{error}: `probe doctor --data DIR` measures them there.")
+        return
+    st.caption(
+        "The doctor measures the DataLoader's workers and DALI on the files this job read, "
+        "with its batch size, image size and measured step as the consumer: what each change "
+        "would give your script."
+    )
+    st.code(f"probe doctor --like {doc.run_id}", language="bash")
+    if st.button("Run the doctor like this job", key="run-like"):
+        gpus = tuple(sorted({lane.gpu for lane in doc.lanes if lane.gpu is not None})) or None
+        form = launch.LaunchForm(
+            command="doctor", gpus=gpus, data_dir=str(values["data_dir"]),
+            flags={"like": doc.run_id},
+        )  # fmt: skip
+        try:
+            with common.store() as store:
+                launch.start(store, form)
+        except InputError as error:
+            st.error(str(error))
+            return
+        st.switch_page("views/live.py")
+
+
 @common.page
 def main() -> None:
     st.title("Run")
@@ -120,6 +152,8 @@ def main() -> None:
     doc = view["document"]
     header(doc)
     diagnosis(view["diagnosis"], row["session_id"], job_scope(run_devices(doc)))
+    if doc.kind == "watch":
+        like_offer(doc)
 
     series = view["series"]
     if series is None or not any(lane.t_s for lane in series.lanes):

@@ -36,6 +36,8 @@ class FeedscopeCallback(Callback):
             LOCAL_RANK`); needs the `prometheus` extra.
         tensorboard: a folder, or a SummaryWriter (such as your TensorBoardLogger's
             `.experiment`), to write the figures to every `tensorboard_every` batches.
+        answer: when the process exits, print on stderr the answer (the verdict and first
+            change), as `watch` does.
     """
 
     def __init__(
@@ -48,8 +50,10 @@ class FeedscopeCallback(Callback):
         metrics_port: int | None = None,
         tensorboard: str | Path | Any | None = None,
         tensorboard_every: int = 100,
+        answer: bool = True,
     ) -> None:
         self.name, self.db, self.sample_hz, self.warmup = name, db, sample_hz, warmup
+        self.answer = answer
         self.outlets = Outlets.checked(metrics_port, tensorboard, tensorboard_every)
         self.watched: Watched[Any] | None = None
         self._hooks: Hooked | None = None
@@ -57,7 +61,7 @@ class FeedscopeCallback(Callback):
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         loader = trainer.train_dataloader or ()  # what `watch` describes the run by
         self.watched = Watched(loader, self.name, self.db, self.sample_hz, self.warmup,
-                               self.outlets)  # fmt: skip
+                               self.outlets, self.answer)  # fmt: skip
         self._hooks = Hooked(self.watched)
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
