@@ -38,7 +38,8 @@ def _answerer() -> Callable[[Path, str], list[str]]:
 
 def __getattr__(name: str) -> Any:
     if name == "watch":
-        from probe.measure.watch import Answer, watch
+        from probe.measure.recording import Answer
+        from probe.measure.watch import watch
 
         Answer.teller = _answerer
         return watch
@@ -47,7 +48,7 @@ def __getattr__(name: str) -> Any:
 
         require("lightning", "lightning", "FeedscopeCallback", "lightning")
         from probe.measure.lightning import FeedscopeCallback
-        from probe.measure.watch import Answer
+        from probe.measure.recording import Answer
 
         Answer.teller = _answerer
         return FeedscopeCallback

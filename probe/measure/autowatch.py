@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from pipelines import BackendUnavailable, InputError
-from probe.measure.watch import Answer, Outlets, Watched, iterated_by_watch
+from probe.measure.recording import Answer
+from probe.measure.watch import Outlets, Watched, iterated_by_watch
 from probe.records import RunStatus
 
 

@@ -496,7 +496,8 @@ def watch_script(command: Sequence[str], db: Path | None, name: str | None, warm
     Bad options or a missing script are refused before it starts."""
     from probe.measure.autowatch import Script, Watching, run_script
     from probe.measure.distributed import torchrun_rank
-    from probe.measure.watch import Answer, Outlets
+    from probe.measure.recording import Answer
+    from probe.measure.watch import Outlets
 
     if warmup != "auto" and not warmup.isdigit():
         raise InputError(f"--warmup {warmup}: a number of batches, or auto")

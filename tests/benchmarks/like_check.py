@@ -61,8 +61,9 @@ def main() -> None:
     doctor = probe(args.out, "doctor", "doctor", "--like", run, *flags)
     dali = doctor.get("dali") or {}
     first = (doctor.get("recommendations") or [{}])[0]
+    rate = first.get("predicted_images_per_s") or 0.0
     print(f"watched run {run}; the doctor's first change: {first.get('setting')}: "
-          f"{first.get('action')} ({first.get('predicted_images_per_s') or 0:,.0f} images/s)")  # fmt: skip
+          f"{first.get('action')} ({rate:,.0f} images/s)")  # fmt: skip
     if not dali.get("run_id"):
         raise SystemExit("the doctor measured no DALI point")
     point = probe(args.out, "dali-point", "show", dali["run_id"])
@@ -73,7 +74,8 @@ def main() -> None:
     long = probe(args.out, "dali", "run", *words)
     measured, predicted = long["images_per_s"], dali["images_per_s"]
     print(f"{'':<28}{'images/s':>18}")
-    print(f"{'doctor, ' + dali['setting']:<60}{predicted:>10,.0f} ± {dali['images_per_s_error']:,.0f}")
+    error = dali["images_per_s_error"] or 0.0
+    print(f"{'doctor, ' + dali['setting']:<60}{predicted:>10,.0f} ± {error:,.0f}")
     print(f"{f'probe run, {args.long_s:g} s':<60}{measured:>10,.0f} ± "
           f"{long.get('images_per_s_error') or 0:,.0f}")  # fmt: skip
     print(f"the doctor's DALI point against the long run: {predicted / measured - 1:+.1%}")
