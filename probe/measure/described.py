@@ -12,8 +12,11 @@ is recorded as not known, with its type, and the doctor asks for `--data`.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from typing import Any
+
+from pipelines import DaliOptions
 
 # A dataset's attributes that may list its files: torchvision's DatasetFolder, then lists.
 _FILE_LISTS = ("samples", "imgs", "files")
@@ -39,16 +42,40 @@ def describe(iterable: Any) -> tuple[str, dict[str, Any]]:
         }
     if module.startswith("nvidia.dali"):
         pipes = getattr(iterable, "_pipes", None) or [None]
+        decoder, load = dali_decoder(pipes[0])
         return "dali", {
-            "data_dir": "(read by the DALI pipeline)",
+            "data_dir": f"(read by the DALI pipeline: its files {NOT_KNOWN})",
             "batch_size": getattr(iterable, "batch_size", None),
             "dataloader": {},
-            "dali": {"num_threads": getattr(pipes[0], "num_threads", None), "decoder": None},
-        }
+            "dali": {"num_threads": getattr(pipes[0], "num_threads", None), "decoder": decoder,
+                     "hw_decoder_load": load},
+        }  # fmt: skip
     return "custom", {
         "data_dir": f"{type_name(iterable)} ({NOT_KNOWN})", "batch_size": None,
         "dataloader": {}, "dali": {},
     }  # fmt: skip
+
+
+def dali_decoder(pipe: Any) -> tuple[str | None, float | None]:
+    """A built DALI pipeline's image decoder: its device ("mixed" or "cpu") and, mixed, the
+    share of JPEGs it sends to the hardware decoder (DALI's default 0.65 where not set); (None,
+    None) where it has no decoder that can be read. Read from the operators' specs as DALI
+    prints them: a DALI that prints them otherwise gives None, and the advice says less."""
+    for op in getattr(pipe, "_ops", None) or ():
+        try:
+            spec = repr(op.spec)
+        except Exception:  # never break training: a DALI of another make
+            return None, None
+        if "_module: nvidia.dali.fn.decoders" not in spec:
+            continue
+        device = re.search(r"^\s*device: (\w+)", spec, re.MULTILINE)
+        if device is None:
+            return None, None
+        load = re.search(r"^\s*hw_decoder_load: ([\d.]+)", spec, re.MULTILINE)
+        if device.group(1) != "mixed":
+            return device.group(1), None
+        return "mixed", float(load.group(1)) if load else DaliOptions.hw_decoder_load
+    return None, None
 
 
 def data_of(dataset: Any) -> dict[str, Any]:
