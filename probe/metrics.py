@@ -7,7 +7,10 @@ and values from here, and the store's GPU sample columns are `GPU_METRICS`' name
 A lane's figures (`lane_figures`) come from its measured batch events, warm-up ones left out,
 and from the samples of its measured window. A batch's time is its wait plus its step
 (`batch_seconds`): images/s is images over that time and data-wait (`wait_share`) the share of
-it spent waiting for batches, each with its 95% error (`probe.steady`).
+it spent waiting for batches, each with its 95% error (`probe.steady`). The lane's CPU is over
+that time too, so that CPU per image is one time's: a training loop's time outside the
+loader's `for` (validation, checkpoints) is in no figure but the lane's wall time
+(`TimeSplit`).
 
 The run-level rule (`Metric.across`): images/s and CPU cores add up over the lanes (errors in
 quadrature); data-wait and batch latency are the worst lane's, because under DDP every step
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from typing import Any, TypeVar
@@ -123,7 +126,8 @@ DATA_WAIT = Metric(
     "data_wait_frac", "data-wait", "%", Source.BATCHES, digits=1, scale=100.0, across=Across.WORST
 )
 LATENCY = Metric("batch_latency_ms", "batch latency", "ms", Source.BATCHES, 1, across=Across.WORST)
-# The CPU of a lane's processes (its loader's workers or threads included), in % of one core.
+# The CPU of a lane's processes (its loader's workers or threads included), in % of one core,
+# over its measured batches' time (`lane_figures`).
 CPU = Metric("cpu_pct", "CPU cores", "cores", Source.PSUTIL, 1, scale=0.01, across=Across.SUM)
 MAIN_THREAD_CPU = Metric("main_thread_cpu_pct", "training loop thread", "%", Source.PSUTIL)
 # The median step, the consumer's time per batch once it has it (the worst lane's: DDP's pace).
@@ -268,7 +272,8 @@ class Percentiles:
 @dataclass(frozen=True)
 class EpochStartCost:
     """What a lane's measured epoch starts cost (`probe.steady.epoch_starts`), split where the
-    lane saw its loader start into the loader's start and the prefetch's refill."""
+    lane saw its loader start into the loader's start and the prefetch's refill; and what its
+    epochs' tails cost (their last round of batches, made with workers idle)."""
 
     starts: int
     batches_per_epoch: float
@@ -278,6 +283,28 @@ class EpochStartCost:
     steady_images_per_s: float  # with the stalls taken out
     loader_start_ms: float | None = None
     refill_ms: float | None = None
+    ends: int = 0  # epoch ends whose tails were measured (none in a document stored before)
+    tail_batches: int = 0  # the batches of each end counted as its tail
+    tail_ms: float = 0.0  # per end: its tail's wait beyond the steady wait
+    tail_share: float = 0.0  # of the measured time
+
+
+@dataclass(frozen=True)
+class TimeSplit:
+    """A lane's wall time from its first measured batch to its last one's end, split: the
+    windows between epoch starts and tails; the epoch starts and the epoch tails (their
+    batches' wait beyond the steady wait, `EpochStartCost`); and the time outside the loop's
+    iteration (validation, checkpoints: the wall time less the batches')."""
+
+    wall_s: float
+    windows_s: float
+    starts_s: float
+    tails_s: float
+    outside_s: float
+
+    def share(self, seconds: float) -> float:
+        """`seconds`' share of the wall time."""
+        return seconds / self.wall_s if self.wall_s > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -305,7 +332,7 @@ class LaneFigures:
     sm_occupancy_pct: float | None = None
     nvjpg_pct: float | None = None
     memory_used_mib: float | None = None
-    cpu_pct: float | None = None  # the lane's processes, % of one core
+    cpu_pct: float | None = None  # the lane's processes, % of one core, over the batches' time
     main_thread_cpu_pct: float | None = None
     # How the lane ran, as it said when it ended (None: not said, as for a watched loop).
     skipped_files: int | None = None
@@ -328,6 +355,9 @@ class LaneFigures:
     cfs_periods: int | None = None
     throttled_periods: int | None = None
     throttled_s: float | None = None
+    # From the first measured batch's request to the last one's end, the loop's time outside
+    # its iteration included (None: a document stored before it was).
+    wall_s: float | None = None
 
     @property
     def cpu_ms_per_image(self) -> float | None:
@@ -335,6 +365,31 @@ class LaneFigures:
         if self.cpu_pct is None or not self.images_per_s:
             return None
         return self.cpu_pct / 100 / self.images_per_s * 1e3
+
+    @property
+    def time_split(self) -> TimeSplit | None:
+        """Its wall time split (`TimeSplit`); None where the wall time was not stored."""
+        if self.wall_s is None:
+            return None
+        start = self.epoch_start
+        starts = start.share * self.seconds if start else 0.0
+        tails = start.tail_share * self.seconds if start else 0.0
+        return TimeSplit(
+            wall_s=self.wall_s,
+            windows_s=max(0.0, self.seconds - starts - tails),
+            starts_s=starts,
+            tails_s=tails,
+            outside_s=max(0.0, self.wall_s - self.seconds),
+        )
+
+    @property
+    def windows_images_per_s(self) -> float | None:
+        """Images/s over its batches' time less its epoch starts' and tails': what reading
+        across epoch ends would give, were nothing else to hold the loader (its images/s where
+        it read one stream); None where nothing is left."""
+        start = self.epoch_start
+        left = 1 - (start.share + start.tail_share if start else 0.0)
+        return self.images_per_s / left if left > 0 and self.images_per_s else None
 
     def stage_ms(self, side: Side | None = None, training: bool = True) -> float | None:
         """The stages' CPU ms per image, of one side or of all; without the training step's
@@ -428,7 +483,8 @@ def lane_figures(
     rate = images_per_s(measured, reading.loaders)
     wait = data_wait(measured, reading.loaders)
     start_ns = measured[0].t_ns
-    end_ns = max(e.t_ns + int(batch_seconds(e) * 1e9) for e in measured)
+    spans = [(e.t_ns, e.t_ns + int(batch_seconds(e) * 1e9)) for e in measured]
+    end_ns = max(end for _, end in spans)
     gpu = _covering(gpu_samples, start_ns, end_ns)
     sm_active = _mean(s.sm_active_pct for s in gpu)
     kernel_active = _mean(s.kernel_active_pct for s in gpu)
@@ -458,12 +514,13 @@ def lane_figures(
         memory_used_mib=max(
             (s.memory_used_mib for s in gpu if s.memory_used_mib is not None), default=None
         ),
-        cpu_pct=_mean(s.cpu_pct for s in cpu),
-        main_thread_cpu_pct=_mean(s.main_thread_cpu_pct for s in cpu),
+        cpu_pct=_over_batches(cpu, spans, lambda s: s.cpu_pct),
+        main_thread_cpu_pct=_over_batches(cpu, spans, lambda s: s.main_thread_cpu_pct),
         pss_mib=max((s.pss_mib for s in cpu if s.pss_mib is not None), default=None),
         worker_threads=max(
             (s.worker_threads for s in cpu if s.worker_threads is not None), default=None
         ),
+        wall_s=(end_ns - start_ns) / 1e9,
     )
 
 
@@ -489,6 +546,10 @@ def _epoch_start(
         steady_images_per_s=found.steady_images_per_s,
         loader_start_ms=None if starting is None else starting * 1e3,
         refill_ms=None if starting is None else (found.stall_s - starting) * 1e3,
+        ends=found.ends,
+        tail_batches=found.tail_batches,
+        tail_ms=found.tail_s * 1e3,
+        tail_share=found.tail_share,
     )
 
 
@@ -501,6 +562,33 @@ def _covering(samples: Sequence[_Timed], start_ns: int, end_ns: int) -> list[_Ti
     inside = [s for s in samples if start_ns <= s.t_ns <= end_ns]
     after = next((s for s in samples if s.t_ns > end_ns), None)
     return inside + ([after] if after is not None else [])
+
+
+def _over_batches(
+    samples: Sequence[LaneCpuSample],
+    spans: Sequence[tuple[int, int]],
+    value: Callable[[LaneCpuSample], float],
+) -> float | None:
+    """The mean of `value` over the time of `spans` (the measured batches' [request, end], in
+    order): each sample covers the interval since the sample before it (the first, one as long
+    as the next one's) and weighs what of that interval the batches hold; a lone sample covers
+    it all. Time outside the batches (a loop's validation between epochs) weighs nothing."""
+    if len(samples) < 2:
+        return value(samples[0]) if samples else None
+    times = [s.t_ns for s in samples]
+    begins = [2 * times[0] - times[1], *times[:-1]]
+    held_s = weighted = 0.0
+    first = 0  # the first span that may end after the interval's beginning
+    for sample, begin, end in zip(samples, begins, times, strict=True):
+        while first < len(spans) and spans[first][1] <= begin:
+            first += 1
+        held, at = 0, first
+        while at < len(spans) and spans[at][0] < end:
+            held += max(0, min(end, spans[at][1]) - max(begin, spans[at][0]))
+            at += 1
+        held_s += held
+        weighted += held * value(sample)
+    return weighted / held_s if held_s > 0 else None
 
 
 def _mean(values: Iterable[float | None]) -> float | None:

@@ -1,5 +1,5 @@
 """Steady state and its error: when warm-up ends, a figure from batch events with its
-uncertainty, and what epoch starts cost. Pure functions of batch events; no hardware.
+uncertainty, and what epoch starts and ends cost. Pure functions of batch events; no hardware.
 
 A batch's time is its wait plus its step: the probe's own bookkeeping between batches, and a
 training loop's time outside the loader's `for` (between epochs), are in no figure. Images/s is
@@ -25,7 +25,8 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from probe.records import BatchEvent
@@ -345,7 +346,7 @@ class Warmup:
 
 @dataclass(frozen=True)
 class EpochStarts:
-    """What epoch starts cost in a measured window."""
+    """What epoch starts and ends cost in a measured window."""
 
     starts: int  # epoch starts within the measured window
     batches_per_epoch: float  # batches an epoch: the median of those not cut by the end
@@ -353,13 +354,28 @@ class EpochStarts:
     stall_s: float  # per start: its opening batches' wait beyond the steady wait
     share: float  # of the measured time
     steady_images_per_s: float  # with the stalls taken out
+    ends: int  # epoch ends within the measured window whose tails were measured
+    tail_batches: int  # the batches of each end counted as its tail
+    tail_s: float  # per end: its tail batches' wait beyond the steady wait
+    tail_share: float  # of the measured time
+
+
+def tail_batches(batches_per_epoch: float, opening: int) -> int:
+    """The batches that end an epoch with some of a DataLoader's `opening` workers idle: the
+    last round of batches, short of one per worker (24 batches for 16 workers: the last 8,
+    made by 8 workers while the other 8 have nothing left to make); 0 where one round makes
+    the whole epoch (its batches are all its opening) or the rounds come out even."""
+    per_epoch = round(batches_per_epoch)
+    return per_epoch % opening if per_epoch > opening else 0
 
 
 def epoch_starts(events: Sequence[BatchEvent], opening: int) -> EpochStarts | None:
     """The cost of the epoch starts among `events` (warm-up ones included: they tell where
     the measured ones' epochs began): for each measured batch that opens an epoch, the wait of
     its first `opening` batches (a DataLoader makes one batch per worker while its prefetch
-    refills) beyond the mean wait of the other batches. None without a measured epoch start.
+    refills) beyond the steady wait; and for each measured end of a whole epoch, the wait of
+    its tail (`tail_batches`) beyond it. The steady wait is the mean wait of the measured
+    batches that neither open nor end an epoch. None without a measured epoch start.
     """
     measured = [e for e in events if not e.warmup]
     if not measured:
@@ -382,10 +398,28 @@ def epoch_starts(events: Sequence[BatchEvent], opening: int) -> EpochStarts | No
         for j in range(i, min(i + window, len(events)))
         if events[j].epoch == events[i].epoch
     }
-    opening_waits = [e.wait_s for j, e in enumerate(events) if j in opening_at]
-    rest = [e.wait_s for j, e in enumerate(events) if not e.warmup and j not in opening_at]
-    steady_wait = sum(rest) / len(rest) if rest else 0.0
-    stall_total = max(0.0, sum(opening_waits) - len(opening_waits) * steady_wait)
+    tail = tail_batches(per_epoch, opening)
+    ending_at: list[list[int]] = []  # each measured end's tail
+    if tail:
+        last_at = {e.epoch: j for j, e in enumerate(events)}
+        for epoch, j in last_at.items():
+            at = list(range(j - tail + 1, j + 1))
+            ended = epoch != events[-1].epoch or lengths[epoch] >= per_epoch
+            if ended and all(events[k].epoch == epoch and not events[k].warmup for k in at):
+                ending_at.append([k for k in at if k not in opening_at])
+    in_tails = {k for at in ending_at for k in at}
+    steady = [
+        e.wait_s
+        for j, e in enumerate(events)
+        if not e.warmup and j not in opening_at and j not in in_tails
+    ]
+    steady_wait = sum(steady) / len(steady) if steady else 0.0
+
+    def beyond(at: Iterable[int]) -> float:
+        waits = [events[j].wait_s for j in at]
+        return max(0.0, sum(waits) - len(waits) * steady_wait)
+
+    stall_total, tail_total = beyond(opening_at), beyond(in_tails)
     seconds = sum(batch_seconds(e) for e in measured)
     images = sum(e.size for e in measured)
     steady_seconds = seconds - stall_total
@@ -396,13 +430,18 @@ def epoch_starts(events: Sequence[BatchEvent], opening: int) -> EpochStarts | No
         stall_s=stall_total / len(starts),
         share=stall_total / seconds if seconds > 0 else 0.0,
         steady_images_per_s=images / steady_seconds if steady_seconds > 0 else 0.0,
+        ends=len(ending_at),
+        tail_batches=tail if ending_at else 0,
+        tail_s=tail_total / len(ending_at) if ending_at else 0.0,
+        tail_share=tail_total / seconds if seconds > 0 else 0.0,
     )
 
 
 class EpochStartTally:
     """`epoch_starts`' rule as running totals, for figures read while a loop runs: each measured
     epoch start costs its opening batches' wait beyond the mean wait, so far, of the measured
-    batches that open no epoch. An opening counts once it is over (its last batch taken)."""
+    batches that neither open nor end an epoch (an epoch's tail leaves that mean once the
+    epoch has ended). An opening counts once it is over (its last batch taken)."""
 
     def __init__(self, opening: int) -> None:
         self.opening = max(1, opening)
@@ -413,9 +452,12 @@ class EpochStartTally:
         self._last_epoch = 0  # the batches of the last whole one
         self._opening_waits: list[float] | None = None  # the measured start under way
         self._rest = [0.0, 0]  # the wait and count of the batches that open no epoch
+        # the current epoch's last waits among them (None: a batch not among them)
+        self._recent: deque[float | None] = deque(maxlen=self.opening)
 
     def add(self, event: BatchEvent) -> None:
         if self._epoch is not None and event.epoch != self._epoch:
+            self._end_epoch()
             self._close()
             self._last_epoch, self._in_epoch = self._in_epoch, 0
             if not event.warmup:
@@ -425,12 +467,23 @@ class EpochStartTally:
         window = max(1, min(self.opening, self._last_epoch // 2))
         if self._opening_waits is not None and self._in_epoch < window:
             self._opening_waits.append(event.wait_s)
+            self._recent.append(None)
         else:
             self._close()
+            self._recent.append(None if event.warmup else event.wait_s)
             if not event.warmup:
                 self._rest[0] += event.wait_s
                 self._rest[1] += 1
         self._in_epoch += 1
+
+    def _end_epoch(self) -> None:
+        """Takes the ended epoch's tail (`tail_batches`) out of the steady batches."""
+        tail = tail_batches(self._in_epoch, self.opening)
+        ending = list(self._recent)[len(self._recent) - tail :] if tail else []
+        if ending and None not in ending:
+            self._rest[0] -= sum(w for w in ending if w is not None)
+            self._rest[1] -= len(ending)
+        self._recent.clear()
 
     def _close(self) -> None:
         if self._opening_waits:

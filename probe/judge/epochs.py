@@ -1,6 +1,8 @@
 """What takes epoch starts' stalls away (`epoch_fixes`), each predicted from the rate without
-them: an endless sampler, longer epochs, persistent workers, fewer workers than batches per
-epoch; and what a change of num_workers does to a loop read epoch by epoch (`read_by_epoch`)."""
+them (and without the epochs' tails, where it reads across epoch ends), at most what the CPU
+lets the loader make: an endless sampler, longer epochs, persistent workers, fewer workers
+than batches per epoch; and what a change of num_workers does to a loop read epoch by epoch
+(`read_by_epoch`)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from dataclasses import replace
 from probe.judge.changes import Change, Knob, Recommendation, workers
 from probe.judge.facts import LaneFacts
 from probe.judge.thresholds import LONGER_EPOCHS
-from probe.metrics import IMAGES_PER_S, EpochStartCost
+from probe.metrics import CPU_PER_IMAGE, IMAGES_PER_S, EpochStartCost
 
 # The share of a lane's stall that a fix takes away (None: it cannot be told).
 _Removes = Callable[[EpochStartCost], float | None]
@@ -21,60 +23,64 @@ def epoch_fixes(
     facts: Sequence[LaneFacts], stream: Mapping[int, float] | None = None, basis: str = ""
 ) -> list[Recommendation]:
     """What takes the epoch starts' stalls away, ranked by the images/s each is predicted to
-    give. A fix that removes a share of a lane's stall moves its time per image that share of
-    the way to its rate without them: measured where `stream` gives it (the same setting read
-    as one stream, per lane; `basis` says where), else its rate between epoch starts."""
+    give. A fix that removes a share of a lane's stall, and of its epochs' tails, takes that
+    share of their time per image away: their time as measured where `stream` gives the rate
+    without both (the same setting read as one stream, per lane; `basis` says where), else the
+    stall's from the rate between epoch starts and the tails' as measured. Where the CPU caps a
+    lane's loader (`LaneFacts.cpu_capped`), no fix gives it more than that cap (nor less than
+    today's): its notes say what it would give once the CPU is answered."""
     stalled = [f for f in facts if _stalls(f)]
     if not stalled:
         return []
 
-    def predicted(removes: _Removes) -> float | None:
-        """All lanes' images/s with the share `removes(start)` of each stall taken away (None
-        where that share cannot be told)."""
-        total = 0.0
-        for f in facts:
-            start, rate = f.figures.epoch_start, f.figures.images_per_s
-            if f not in stalled or start is None or not rate:
-                total += rate
-                continue
-            share = removes(start)
-            if share is None:
-                return None
-            steady = (stream or {}).get(f.lane) or start.steady_images_per_s
-            floor = 1 / steady if steady else 0.0
-            total += 1 / (floor + (1 / rate - floor) * (1 - share))
-        return total
+    capped = next((f for f in stalled if f.cpu_capped), None)
+
+    def fix(
+        action: str, change: Change, removes: _Removes, tails: float, how: str
+    ) -> Recommendation:
+        """A fix as `_predicted`, with what it would give once the CPU is answered."""
+        rate = _predicted(facts, stream, removes, tails)
+        answered = _predicted(facts, stream, removes, tails, capped=False)
+        notes: tuple[str, ...] = ()
+        if capped is not None and rate is not None and answered is not None and answered > rate:
+            notes = (f"{_cpu_cap_text(capped)}, at most {IMAGES_PER_S.text(answered)}",)
+        return Recommendation(action, change, rate, how, notes=notes)
 
     first = stalled[0]
     start = first.figures.epoch_start
     assert start is not None  # stalled
     split = start.loader_start_ms is not None
     not_split = "not predicted: the loader's start is not measured apart here"
+    ends = any(cost.ends for f in stalled if (cost := f.figures.epoch_start))
+    and_tails = " and tails" if ends else ""
     out = [
-        Recommendation(
+        fix(
             "read across epoch ends: one endless sampler over the shard's epochs (the read "
             "order of each epoch kept), so that the prefetch never drains, as feedscope's "
             "stream reading and timm's MultiEpochsDataLoader do",
             Change(Knob.SAMPLER, "endless"),
-            predicted(lambda start: 1.0),
-            basis or "estimated: the rate measured between epoch starts",
+            lambda start: 1.0,
+            1.0,
+            basis or f"estimated: the rate measured between epoch starts{and_tails}",
         ),
-        Recommendation(
+        fix(
             f"make an epoch {LONGER_EPOCHS}x longer (the shard {LONGER_EPOCHS} times over in "
             "its sampler): the same stall, a quarter as often",
             Change(Knob.EPOCH_LENGTH, LONGER_EPOCHS),
-            predicted(lambda start: 1 - 1 / LONGER_EPOCHS),
-            "estimated: the measured stalls, a quarter as often",
+            lambda start: 1 - 1 / LONGER_EPOCHS,
+            1 - 1 / LONGER_EPOCHS,
+            f"estimated: the measured stalls{and_tails}, a quarter as often",
         ),
     ]
     if first.backend == "torch" and first.persistent_workers is False:
         out.append(
-            Recommendation(
+            fix(
                 "keep the workers from one epoch to the next (persistent_workers=True): an "
                 "epoch start no longer starts them; but dataset state set per epoch in the main "
                 "process (set_epoch) then no longer reaches them",
                 Change(Knob.PERSISTENT_WORKERS, True),
-                predicted(_starting_share),
+                _starting_share,
+                0.0,
                 "estimated: the stall less the loader's measured start" if split else not_split,
             )
         )
@@ -88,16 +94,64 @@ def epoch_fixes(
             return None if starting is None else starting * (1 - fewer / now)
 
         out.append(
-            Recommendation(
+            fix(
                 f"fewer workers than batches per epoch: {now} workers for {per_epoch:.0f} "
                 f"batches, so {now - fewer} of them sit idle at every epoch start, yet each "
                 "is started or resumed with it",
                 workers(fewer),
-                predicted(fewer_start),
+                fewer_start,
+                0.0,
                 "estimated: the loader's measured start, for fewer workers" if split else not_split,
             )
         )
     return sorted(out, key=lambda r: -(r.predicted_images_per_s or 0.0))
+
+
+def _predicted(
+    facts: Sequence[LaneFacts],
+    stream: Mapping[int, float] | None,
+    removes: _Removes,
+    tails: float,
+    capped: bool = True,
+) -> float | None:
+    """All lanes' images/s with the share `removes(start)` of each stall and `tails` of its
+    tails taken away (`epoch_fixes`; None where that share cannot be told); `capped`: at most
+    what each lane's CPU can make, else at most the rate its step could take."""
+    total = 0.0
+    for f in facts:
+        start, rate = f.figures.epoch_start, f.figures.images_per_s
+        if not _stalls(f) or start is None or not rate:
+            total += rate
+            continue
+        share = removes(start)
+        if share is None:
+            return None
+        tail_cost = start.tail_share / rate  # seconds per image
+        measured = (stream or {}).get(f.lane)
+        if measured:
+            start_cost = max(0.0, 1 / rate - 1 / measured - tail_cost)
+        else:
+            steady = start.steady_images_per_s
+            start_cost = 1 / rate - 1 / steady if steady else 1 / rate
+        left = 1 / rate - share * start_cost - tails * tail_cost  # seconds per image
+        if left <= 0:
+            return None
+        cap = f.cpu_cap_images_per_s if f.cpu_capped else None
+        if not capped:
+            cap = f.consumer_images_per_s
+        total += 1 / left if cap is None else min(1 / left, max(cap, rate))
+    return total
+
+
+def _cpu_cap_text(lane: LaneFacts) -> str:
+    """What caps a CPU-capped lane's loader, and what answers it."""
+    cap, cpu_ms = lane.cpu_cap_images_per_s, lane.figures.cpu_ms_per_image
+    answer = "DALI, decoding on the GPU" if lane.on_gpu else "more cores"
+    return (
+        f"the CPU caps the loader near {IMAGES_PER_S.text(cap)}{lane.per_lane(cap)} "
+        f"({CPU_PER_IMAGE.text(cpu_ms)} of CPU an image, {lane.cores_per_lane_text}): with the "
+        f"CPU answered ({answer})"
+    )
 
 
 def _stalls(facts: LaneFacts) -> bool:

@@ -22,6 +22,7 @@ from probe.judge.thresholds import (
 )
 from probe.metrics import (
     CPU,
+    CPU_PER_IMAGE,
     DATA_WAIT,
     IMAGES_PER_S,
     KERNEL_ACTIVE,
@@ -119,6 +120,59 @@ def cpu_evidence(facts: LaneFacts) -> list[Evidence]:
     return [*out, *cores_evidence(facts)]
 
 
+def cpu_demand_evidence(facts: LaneFacts) -> list[Evidence]:
+    """The cores the loader needs to feed the step (`LaneFacts.cpu_demand_cores`) against those
+    the lane may use, and the images/s these can make: where it needs more, the CPU caps the
+    loader whatever its average busy share."""
+    demand, cap = facts.cpu_demand_cores, facts.cpu_cap_images_per_s
+    cpu_ms, rate = facts.figures.cpu_ms_per_image, facts.consumer_images_per_s
+    if demand is None or cap is None or cpu_ms is None or rate is None:
+        return []
+    cores = facts.cores_per_lane
+    others = cores - facts.loader_cores
+    used = f", {others:.1f} of them used by other processes" if others > 0 else ""
+    text = (
+        f"each image costs {CPU_PER_IMAGE.text(cpu_ms)} of CPU (workers and training process); "
+        f"the step could take {IMAGES_PER_S.text(rate)}{facts.per_lane(rate)}, "
+        f"{CPU.text(demand * 100)}' worth; the lane may use {cores:g} "
+        f"core{'s' * (cores != 1)}{facts.per_lane()}{used}: "
+    )
+    if facts.cpu_capped:
+        text += f"the CPU caps the loader near {IMAGES_PER_S.text(cap)}{facts.per_lane(cap)}"
+    else:
+        text += f"room for that (they could make {IMAGES_PER_S.text(cap)}{facts.per_lane(cap)})"
+    return [Evidence("cpu_demand_cores", demand, text)]
+
+
+def time_split_evidence(facts: LaneFacts) -> list[Evidence]:
+    """Where a loop read epoch by epoch spent its wall time (`probe.metrics.TimeSplit`): the
+    windows between epoch starts and tails, the starts, the tails and the time outside the
+    loop's iteration."""
+    split, start = facts.figures.time_split, facts.figures.epoch_start
+    if split is None or start is None:
+        return []
+
+    def part(seconds: float) -> str:
+        return f"{split.share(seconds):.0%} ({seconds:,.1f} s)"
+
+    parts = [
+        f"{part(split.windows_s)} in the windows between epoch starts and tails",
+        f"{part(split.starts_s)} in {start.starts} epoch start{'s' * (start.starts != 1)}",
+    ]
+    if start.ends:
+        last = "batch" if start.tail_batches == 1 else f"{start.tail_batches} batches"
+        parts.append(
+            f"{part(split.tails_s)} in {start.ends} epoch tail{'s' * (start.ends != 1)} (the "
+            f"last {last} of each, made while some of the {facts.loaders_text} sit idle)"
+        )
+    parts.append(f"{part(split.outside_s)} outside the loop's iteration (validation, checkpoints)")
+    text = (
+        f"of the {split.wall_s:,.1f} s from the first measured batch to the last one's end: "
+        f"{'; '.join(parts)}"
+    )
+    return [Evidence("wall_s", split.wall_s, text)]
+
+
 def step_evidence(facts: LaneFacts) -> list[Evidence]:
     """The consumer's median step, and the rate it could take at that step."""
     rate, step = facts.consumer_images_per_s, facts.figures.step_ms_p50
@@ -179,7 +233,7 @@ def host_load_evidence(facts: LaneFacts) -> list[Evidence]:
 
 def epoch_evidence(facts: LaneFacts) -> list[Evidence]:
     """What the epoch starts cost, split into the loader's start and the prefetch's refill
-    where the lane saw them apart."""
+    where the lane saw them apart, and where the lane's wall time went (`time_split_evidence`)."""
     start = facts.figures.epoch_start
     if not start:
         return []
@@ -194,7 +248,7 @@ def epoch_evidence(facts: LaneFacts) -> list[Evidence]:
         f"{start.stall_ms:,.0f} ms each{split}; {start.batches_per_epoch:.0f} batches per "
         f"epoch; between them {DATA_WAIT.label} is {DATA_WAIT.text(facts.steady_wait)}"
     )
-    return [Evidence("epoch_start_share", start.share, text)]
+    return [Evidence("epoch_start_share", start.share, text), *time_split_evidence(facts)]
 
 
 def transfer_evidence(facts: LaneFacts) -> list[Evidence]:

@@ -63,6 +63,7 @@ class LaneFacts:
     image_size: int | None = None
     reason: str | None = None  # why the lane failed or stopped
     run_lanes: int = 1  # the run's lanes on every host: a lane's figures are one of them
+    watched_run: str | None = None  # the run's id where it watched a job of one's own
 
     @property
     def device_word(self) -> str:
@@ -144,6 +145,47 @@ class LaneFacts:
         return cpu is not None and cpu >= CPU_SATURATED_PCT * self.cores_per_lane
 
     @property
+    def loader_cores(self) -> float:
+        """The cores the lane may use less its share of those other processes used meanwhile,
+        where they ran on them (a quota or an affinity narrower than the machine keeps others
+        on other cores, or counts them elsewhere)."""
+        other = self.host.other_cores or 0.0
+        if self.host.machine_cores is not None and self.host_cpus < self.host.machine_cores:
+            other = 0.0
+        return max(0.0, self.cores_per_lane - other / max(1, self.lanes_on_host))
+
+    @property
+    def cpu_demand_cores(self) -> float | None:
+        """The cores the loader needs to feed the step: the CPU each image costs (workers and
+        training process) at the rate the step could take; None where either is not measured."""
+        cpu_ms, rate = self.figures.cpu_ms_per_image, self.consumer_images_per_s
+        if cpu_ms is None or rate is None:
+            return None
+        return cpu_ms * rate / 1000
+
+    @property
+    def cpu_cap_images_per_s(self) -> float | None:
+        """The most images/s the lane's cores (`loader_cores`) can make at the CPU each image
+        costs; None where that cost is not measured."""
+        cpu_ms = self.figures.cpu_ms_per_image
+        return self.loader_cores * 1000 / cpu_ms if cpu_ms else None
+
+    @property
+    def cpu_capped(self) -> bool:
+        """Whether the loader needs more of the lane's cores than can be had (CPU_SATURATED_PCT
+        of them: cores are never all usable), whatever its average busy share: a loop whose
+        epochs are too short to keep its workers busy averages room it cannot use."""
+        demand = self.cpu_demand_cores
+        return demand is not None and demand >= CPU_SATURATED_PCT / 100 * self.loader_cores
+
+    @property
+    def cpu_caps_epochs(self) -> bool:
+        """Whether the CPU caps the loader below what its epochs give between their starts and
+        tails (`LaneFigures.windows_images_per_s`): reading across epoch ends cannot give it."""
+        cap, windows = self.cpu_cap_images_per_s, self.figures.windows_images_per_s
+        return self.cpu_capped and cap is not None and windows is not None and cap < windows
+
+    @property
     def host_busy(self) -> bool:
         """Whether other processes (or the hypervisor) took enough CPU to move the answer."""
         steal = self.host.steal_pct or 0.0
@@ -205,6 +247,7 @@ def lane_facts(store: Store, run: RunRecord, lane: LaneRecord) -> LaneFacts:
         image_size=spec.get("image_size"),
         reason=lane.reason,
         run_lanes=len(store.lanes(run.run_id)),
+        watched_run=run.run_id if run.kind == "watch" else None,
     )
 
 

@@ -33,7 +33,7 @@ from probe.judge.thresholds import (
     NVJPG_SATURATED_PCT,
 )
 from probe.judge.verdicts import STARVED, Verdict, VerdictKind, rank
-from probe.metrics import IMAGES_PER_S, NVJPG, against_text
+from probe.metrics import CPU_PER_IMAGE, IMAGES_PER_S, NVJPG, against_text
 from probe.steady import MIN_BLOCKS, Estimate, above, margin
 
 
@@ -60,7 +60,7 @@ def recommend(
                 "measured in this run",
             )
         )
-    if verdict.kind is VerdictKind.STARVED_CPU_HEADROOM and lane.backend == "torch":
+    if _more_workers_help(lane, verdict):
         if sweep is not None and sweep.knob == Knob.NUM_WORKERS.value:
             out += _measured_workers(lane, sweep, lanes)
         else:
@@ -95,6 +95,22 @@ def recommend(
             )
         )
     return one_each(sorted(out, key=lambda r: -(r.predicted_images_per_s or 0.0)))
+
+
+def _more_workers_help(lane: LaneFacts, verdict: Verdict) -> bool:
+    """Whether more DataLoader workers may help: the CPU has room for them, or it caps the
+    loader (`LaneFacts.cpu_capped`) while fewer workers than its cores use only part of it (up
+    to that cap, below which they are predicted)."""
+    if lane.backend != "torch":
+        return False
+    if verdict.kind is VerdictKind.STARVED_CPU_HEADROOM:
+        return True
+    return (
+        verdict.kind is VerdictKind.STARVED_CPU_SATURATED
+        and lane.cpu_capped
+        and not lane.cpu_saturated
+        and (lane.num_workers or 0) < lane.cores_per_lane
+    )
 
 
 def one_each(recommendations: Sequence[Recommendation]) -> list[Recommendation]:
@@ -194,27 +210,34 @@ def _measure_again(
 def _estimated_workers(lane: LaneFacts, lanes: int) -> Recommendation:
     """More workers, from this run alone: its images/s per worker times workers (a loader at
     num_workers=0, which loads in the training process, counted as one), enough for the
-    consumer and at most the cores per lane. Throughput flattens, and may fall, before the
-    cores run out: said, with what measures it."""
+    consumer, at most the cores per lane and what they can make at the CPU each image costs
+    (`LaneFacts.cpu_cap_images_per_s`). Throughput flattens, and may fall, before the cores
+    run out: said, with what measures it."""
     workers_now = max(lane.num_workers or 1, 1)
     rate, start = lane.figures.images_per_s, lane.figures.epoch_start
     if start is not None and start.starts and start.steady_images_per_s:
         rate = start.steady_images_per_s  # between epoch starts: `read_by_epoch` adds them
     per_worker = rate / workers_now
-    wanted = lane.consumer_images_per_s or rate * 2
+    cap = lane.cpu_cap_images_per_s
+    bounds = [b for b in (lane.consumer_images_per_s, cap) if b is not None]
+    wanted = min(bounds) if bounds else rate * 2
     needed = math.ceil(wanted / per_worker) if per_worker > 0 else workers_now * 2
     target = int(min(max(needed, workers_now + 1), lane.cores_per_lane))
-    predicted = per_worker * target
-    if lane.consumer_images_per_s is not None:
-        predicted = min(predicted, lane.consumer_images_per_s)
+    predicted = min([per_worker * target, *bounds])
+    cpu = (
+        ""
+        if cap is None
+        else f" (at {CPU_PER_IMAGE.text(lane.figures.cpu_ms_per_image)} of CPU an image, "
+        f"{IMAGES_PER_S.text(cap)})"
+    )
     advice = Recommendation(
         f"raise num_workers from {lane.num_workers or 0} to {target}",
         workers(target),
         predicted * lanes,
         f"estimated, not measured: {per_worker:,.0f} images/s per worker times workers, bounded "
-        f"by the {lane.cores_per_lane_text} and at most the consumer's own rate (min(pipeline, "
-        "consumer)); workers stop adding long before that bound on many hosts: `probe sweep` "
-        "measures the knee",
+        f"by the {lane.cores_per_lane_text}{cpu} and at most the consumer's own rate "
+        "(min(pipeline, consumer)); workers stop adding long before that bound on many hosts: "
+        "`probe sweep` measures the knee",
     )
     return read_by_epoch(advice, lane, lanes)
 
@@ -393,14 +416,27 @@ def _transfer_fixes(lane: LaneFacts) -> list[Recommendation]:
 
 
 def _to_dali_estimate(lane: LaneFacts, lanes: int) -> Recommendation:
-    decoder = "mixed" if lane.on_gpu else "cpu"
-    where = "nvJPEG and the hardware decoder" if decoder == "mixed" else "its CPU decoder"
+    """A move to DALI where the CPU caps the loader (or its main process holds it): on a GPU,
+    decoding there, predicted at most the consumer's own rate; on the CPU alone, DALI's CPU
+    decoder, which uses the same cores: not predicted. The doctor measures it, on a watched
+    job's own files where it watched one."""
+    threads = min(8, max(1, int(lane.cores_per_lane)))
+    like = f" --like {lane.watched_run}" if lane.watched_run else ""
+    files = " on the job's own files" if lane.watched_run else ""
+    measures = f"`probe doctor{like}` measures it{files}"
+    if not lane.on_gpu:
+        return Recommendation(
+            "move decoding to DALI (its CPU decoder)",
+            to_dali("cpu", threads),
+            None,
+            f"not predicted: DALI's CPU decoder uses the same cores; {measures}",
+        )
     alone = lane.consumer_images_per_s
     return Recommendation(
-        f"move decoding to DALI ({where})",
-        to_dali(decoder, min(8, max(1, int(lane.cores_per_lane)))),
+        "move decoding to DALI (nvJPEG and the hardware decoder)",
+        to_dali("mixed", threads),
         None if alone is None else alone * lanes,
-        "estimated: at best the consumer's own rate, if DALI keeps up; `probe doctor` measures it",
+        f"estimated: at most the consumer's own rate, if DALI keeps up; {measures}",
     )
 
 

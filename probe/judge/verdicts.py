@@ -12,6 +12,7 @@ from typing import Any
 from probe.judge.evidence import (
     Evidence,
     consumer_evidence,
+    cpu_demand_evidence,
     cpu_evidence,
     epoch_evidence,
     gpu_evidence,
@@ -28,6 +29,7 @@ from probe.judge.evidence import (
     step_evidence,
     step_slowdown,
     threads_evidence,
+    time_split_evidence,
     transfer_evidence,
     wait_evidence,
 )
@@ -90,7 +92,7 @@ TITLES = {
     VerdictKind.FED: "fed: compute-bound",
     VerdictKind.STARVED_CPU_HEADROOM: "starved, with CPU headroom: too few workers",
     VerdictKind.STARVED_CPU_SATURATED: (
-        "starved, with the CPU saturated: decoding needs more cores or the GPU"
+        "starved: the CPU caps the loader: decoding needs more cores or the GPU"
     ),
     VerdictKind.STARVED_LOADER_LIMIT: "starved, though the CPU has room: more workers do not help",
     VerdictKind.OVERSUBSCRIBED: "oversubscribed: more workers made it slower",
@@ -187,7 +189,7 @@ def judge_lane(facts: LaneFacts) -> Verdict:
     if facts.host_busy:
         evidence = [wait_evidence(facts), *load, *stages, *cpu_evidence(facts), *gpu, *alone]
         return verdict(VerdictKind.HOST_BUSY, severity, evidence, reliable=False)
-    if facts.epoch_stalls_most:
+    if facts.epoch_stalls_most and not facts.cpu_caps_epochs:
         evidence = [wait_evidence(facts), *epoch_evidence(facts), *stages, *gpu, *alone]
         return verdict(VerdictKind.EPOCH_START_STALL, severity, evidence)
     kind, why = _cause(facts)
@@ -266,7 +268,8 @@ def _cause(facts: LaneFacts) -> tuple[VerdictKind, list[Evidence]]:
         f"{setting}={more} (`probe sweep --values {facts.loaders},{more}`), to see whether "
         "more help",
     )
-    return VerdictKind.STARVED_LOADER_LIMIT, [*cpu_evidence(facts), unknown, *stall_evidence(facts)]
+    why = [*cpu_evidence(facts), *cpu_demand_evidence(facts), unknown, *stall_evidence(facts)]
+    return VerdictKind.STARVED_LOADER_LIMIT, why
 
 
 def _io_bound(facts: LaneFacts) -> _Cause:
@@ -312,10 +315,19 @@ def _main_process_bound(facts: LaneFacts) -> _Cause:
 
 
 def _cpu_limits(facts: LaneFacts) -> _Cause:
+    """The CPU caps the loader where its busy share is saturated, or where the loader needs
+    more of its cores than can be had to feed the step (`LaneFacts.cpu_capped`), however
+    little of them it used on average; else more workers may use the room it has."""
+    demand = cpu_demand_evidence(facts)
+    if facts.cpu_capped:
+        split = time_split_evidence(facts)
+        why = [*demand, *cpu_evidence(facts), *split, *stall_evidence(facts)]
+        return VerdictKind.STARVED_CPU_SATURATED, why
     if facts.cpu_saturated:
         return VerdictKind.STARVED_CPU_SATURATED, [*cpu_evidence(facts), *stall_evidence(facts)]
     if facts.loaders is not None and facts.loaders < facts.cores_per_lane:
-        return VerdictKind.STARVED_CPU_HEADROOM, [*cpu_evidence(facts), *stall_evidence(facts)]
+        why = [*cpu_evidence(facts), *demand, *stall_evidence(facts)]
+        return VerdictKind.STARVED_CPU_HEADROOM, why
     return None
 
 

@@ -417,9 +417,15 @@ def _transients(lane: LaneDocument) -> list[str]:
                 f" ({start.loader_start_ms:,.0f} ms starting the loader, "
                 f"{start.refill_ms:,.0f} ms refilling its prefetch)"
             )
+        tails = ""
+        if start.ends:
+            tails = (
+                f"; {start.ends} epoch tails (the last {start.tail_batches} of each epoch's "
+                f"batches), {start.tail_ms:,.0f} ms each: {start.tail_share:.1%}"
+            )
         out.append(
             f"lane {lane.lane}: {start.starts} epoch starts, {start.stall_ms:,.0f} ms "
-            f"each{split}: {start.share:.1%} of the time"
+            f"each{split}: {start.share:.1%} of the time{tails}"
         )
     alone = figures.consumer_alone
     if alone and alone.get("images_per_s"):

@@ -9,12 +9,15 @@ stores as its summary when it ends.
 
 A lane that stored no figures (still running, or stopped before it could) has them computed
 from its raw rows while they are few (`RAW_MAX_BATCHES`, `RAW_MAX_S`), else from the rollups
-(`lane_figures_from_rollups`), a bounded number of rows: its counts, images/s, data-wait and the
-GPU and CPU figures of its window as the raw rows give them; its percentiles from the batches'
-duration bins (within 0.05% and half a microsecond); the errors of images/s and data-wait from
-blocks of whole seconds rather than of batches (the same ratio estimator on blocks of the same
-number of batches, about); no epoch-start cost, which needs the batches one by one (the lane
-computes it when it ends).
+(`lane_figures_from_rollups`), a bounded number of rows: its counts, images/s, data-wait, wall
+time and the GPU figures of its window as the raw rows give them; its percentiles from the
+batches' duration bins (within 0.05% and half a microsecond); the errors of images/s and
+data-wait from blocks of whole seconds rather than of batches (the same ratio estimator on
+blocks of the same number of batches, about); its CPU figures the mean of its window's samples,
+not over its batches' time alone: the rollups keep each second's samples, not what of their
+intervals the batches hold, so the time outside the loop's iteration (a validation between
+epochs) is in them until the lane stores its own when it ends; no epoch-start cost, which needs
+the batches one by one (the lane computes it when it ends).
 """
 
 from __future__ import annotations
@@ -269,6 +272,7 @@ def lane_figures_from_rollups(store: Store, run: RunRecord, lane: LaneRecord) ->
         main_thread_cpu_pct=_mean(cpu, "main_thread_cpu_pct"),
         pss_mib=pss.high,
         worker_threads=None if threads.high is None else int(threads.high),
+        wall_s=(measured.end_ns - measured.first_ns) / 1e9,
     )
 
 
