@@ -7,6 +7,9 @@
 #             `probe watch --`, held to 16 cores; its script at .outside/imagenet_main.py
 #   like      `probe doctor --like` the newest watched job, then a 60 s `probe run` of the DALI
 #             setting it found best (tests/benchmarks/like_check.py)
+#   long      its own data (1,536 camera-sized JPEGs, each linked 16 times: 24,576 files, 192
+#             batches an epoch), then the script as in watch16 for 2 epochs: epochs long enough
+#             that the CPU, not the epoch ends, sets its rate
 set -euo pipefail
 stage="$1"; out="$2"
 here="$(cd "$(dirname "$0")" && pwd)"; root="$(cd "$here/../.." && pwd)"
@@ -24,7 +27,20 @@ case "$stage" in
     taskset -c 0-15 python3 -m probe watch -- python3 "$root/.outside/imagenet_main.py" \
       /tmp/data -a resnet18 -j "$workers" -b 128 --epochs 8 --gpu 0 -p 100
     python3 -m probe runs --limit 4 ;;
+  long)
+    python3 -m probe data make /tmp/long/base --count 1536 "${camera[@]}" --seed 1
+    for folder in /tmp/long/base/*/; do
+      class="$(basename "$folder")"; mkdir -p "/tmp/long/train/$class" "/tmp/long/val/$class"
+      for file in "$folder"*.jpg; do
+        for k in $(seq 0 15); do ln -s "$file" "/tmp/long/train/$class/$k-$(basename "$file")"; done
+      done
+      ls "$folder"*.jpg | head -32 | xargs -I{} ln -s {} "/tmp/long/val/$class/"
+    done
+    mkdir -p /tmp/work && cd /tmp/work
+    taskset -c 0-15 python3 -m probe watch -- python3 "$root/.outside/imagenet_main.py" \
+      /tmp/long -a resnet18 -j 16 -b 128 --epochs 2 --gpu 0 -p 100
+    python3 -m probe runs --limit 4 ;;
   like)
     taskset -c 0-15 python3 "$here/like_check.py" --out "$out/like" --long-s 60 ;;
-  *) echo "usage: watch_cases.sh data|watchW|like OUT" >&2; exit 2 ;;
+  *) echo "usage: watch_cases.sh data|watchW|like|long OUT" >&2; exit 2 ;;
 esac
