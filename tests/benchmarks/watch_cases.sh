@@ -29,13 +29,17 @@ case "$stage" in
     python3 -m probe runs --limit 4 ;;
   long)
     python3 -m probe data make /tmp/long/base --count 1536 "${camera[@]}" --seed 1
-    for folder in /tmp/long/base/*/; do
-      class="$(basename "$folder")"; mkdir -p "/tmp/long/train/$class" "/tmp/long/val/$class"
-      for file in "$folder"*.jpg; do
-        for k in $(seq 0 15); do ln -s "$file" "/tmp/long/train/$class/$k-$(basename "$file")"; done
-      done
-      ls "$folder"*.jpg | head -32 | xargs -I{} ln -s {} "/tmp/long/val/$class/"
-    done
+    python3 - <<'LINKS'
+from pathlib import Path
+for folder in sorted(Path("/tmp/long/base").iterdir()):
+    train, val = Path("/tmp/long/train", folder.name), Path("/tmp/long/val", folder.name)
+    train.mkdir(parents=True), val.mkdir(parents=True)
+    for n, file in enumerate(sorted(folder.glob("*.jpg"))):
+        for k in range(16):
+            (train / f"{k}-{file.name}").symlink_to(file)
+        if n < 32:
+            (val / file.name).symlink_to(file)
+LINKS
     mkdir -p /tmp/work && cd /tmp/work
     taskset -c 0-15 python3 -m probe watch -- python3 "$root/.outside/imagenet_main.py" \
       /tmp/long -a resnet18 -j 16 -b 128 --epochs 2 --gpu 0 -p 100
