@@ -341,6 +341,27 @@ def test_a_clear_call_is_verified_by_one_run_and_not_measured_in_alternation(
     assert "+238%" in verification.outcome and verification.agrees
 
 
+def test_a_clear_call_whose_verification_moved_is_measured_in_alternation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The H200 session, had DALI's run again read 1,500 (not the 2,861 first measured): the
+    first measurements no longer stand for the call, and the pairs decide it, that run the
+    first of them."""
+    sixteen = "num_workers=16"
+    session = recorded(monkeypatch, {DALI: [1500.0, 1510.0], sixteen: [846.0, 850.0]}, 10, 0.02)
+    baseline = SweepPoint(16, H200_YOURS.value, 0.79, 1500.0, "yours", H200_YOURS.error)
+    run = replace(dali_at(H200_DALI.value), images_per_s_error=H200_DALI.error)
+    keep = doctor_answer.keep_yours(baseline, baseline.estimate)
+    verification, out, run = doctor_answer.verify(
+        session,  # type: ignore[arg-type]
+        BASE, [dali_recommendation(run), keep], baseline, VERDICT, run, 16.0,
+    )  # fmt: skip
+    assert [label.split(": ")[1] for label in session.labels] == [DALI, sixteen] * 2
+    assert verification is not None and verification.outcome is not None
+    assert verification.outcome.startswith("measured in alternation, DALI gave +77%")
+    assert not verification.agrees and out[0].setting == DALI
+
+
 def test_verified_only_where_the_run_reached_its_precision(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

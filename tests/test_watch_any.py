@@ -13,6 +13,7 @@ import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
+from helpers import skip_on_a_busy_host
 from pipelines.sample_data import SampleParams, make_sample_dataset
 from probe import watch
 from probe.judge.diagnosis import diagnose_run
@@ -105,3 +106,30 @@ def test_watch_of_any_iterable_works_everywhere(
             at.query_params[name] = value
         at.run()
         assert not at.exception, [e.message for e in at.exception]
+
+
+def test_a_starved_dali_iterator_is_told_in_dalis_terms(photos: Path, tmp_path: Path) -> None:
+    """One DALI thread on two cores, decoding for a step of 2 ms: DALI's threads, not
+    DataLoader workers, in its verdict and its first change, which the answer at exit prints."""
+    from probe.present.measuring import loader_answers
+
+    db = tmp_path / "store.db"
+    for _ in watch(dali(photos), name="dali", db=db, answer=False):
+        time.sleep(0.002)
+    with Store(db) as store:
+        [run] = store.runs()
+        diagnosis = diagnose_run(store, run.run_id)
+    skip_on_a_busy_host({"diagnosis": diagnosis.to_json()})
+    verdict = diagnosis.verdict
+    assert verdict.kind.value in (
+        "dali_threads_saturated", "dali_threads_too_few", "starved_cpu_saturated"
+    )  # fmt: skip
+    assert "worker" not in verdict.title and "num_workers" not in json.dumps(
+        [e.text for e in verdict.evidence]
+    )
+    first = diagnosis.recommendations[0]
+    assert first.setting == "DALI num_threads=2"
+    assert first.action == "raise DALI num_threads from 1 to 2"
+    assert "searches DALI's threads and the hardware decoder's share" in first.basis
+    lines = loader_answers(db, run.run_id)
+    assert lines[1].startswith("  first change: DALI num_threads=2: raise DALI num_threads")

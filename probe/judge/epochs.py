@@ -12,7 +12,7 @@ from dataclasses import replace
 
 from probe.judge.changes import Change, Knob, Recommendation, workers
 from probe.judge.facts import LaneFacts
-from probe.judge.thresholds import LONGER_EPOCHS
+from probe.judge.thresholds import KNEE_WITHIN, LONGER_EPOCHS
 from probe.metrics import CPU_PER_IMAGE, IMAGES_PER_S, EpochStartCost
 
 # The share of a lane's stall that a fix takes away (None: it cannot be told).
@@ -252,3 +252,113 @@ def read_by_epoch(advice: Recommendation, lane: LaneFacts, lanes: int = 1) -> Re
         action=f"{advice.action} and keep the workers across epochs (persistent_workers=True)",
         notes=(*advice.notes, without),
     )
+
+
+def in_rounds(lane: LaneFacts, lanes: int = 1) -> Recommendation | None:
+    """More workers for a DataLoader read epoch by epoch, predicted in rounds
+    (`rounds_images_per_s`): the fewest workers within KNEE_WITHIN of the best up to the cores,
+    its images/s for `lanes` lanes. Where the workers are started anew at every epoch, the
+    change is paired with persistent_workers=True (resuming kept workers is taken as free), and
+    the notes give the prediction without it. None where the lane reads one stream, its epoch
+    was not measured, or no more workers gain.
+
+    Where an epoch holds many rounds, this is images/s per worker times workers, bounded by the
+    cores; where it holds few, it sees what that does not: a last round half empty, and workers
+    past B / rounds that only wait (seen on one H200: 8 workers predicted 340 images/s at 16
+    against 363 ± 97 measured there; per worker times workers said 456). A worker's batch is
+    taken to take as long with more workers, unless the CPU each image costs says the cores run
+    out; where that cost was not measured, no more than twice the workers are predicted (a traced
+    H200 ResNet-50 job gave 1,460 images/s with 4 workers and 2,592 with 16, not four times).
+    """
+    now = lane.num_workers or 0
+    if rounds_images_per_s(lane, now) is None:
+        return None
+    # Up to the cores where the CPU each image costs bounds them; else up to twice as many
+    # (workers stop adding long before the cores run out on many hosts).
+    most = int(lane.cores_per_lane) if lane.figures.cpu_ms_per_image else 2 * now
+    settings = range(now + 1, max(now + 1, min(most, int(lane.cores_per_lane))) + 1)
+    rates = {w: rounds_images_per_s(lane, w) or 0.0 for w in [now, *settings]}
+    best = max(rates[w] for w in settings)
+    if best <= rates[now] * (1 + KNEE_WITHIN):
+        return None
+    target = next(w for w in settings if rates[w] >= (1 - KNEE_WITHIN) * best)
+    start = lane.figures.epoch_start
+    assert start is not None  # measured in rounds
+    batches = round(start.batches_per_epoch)
+    rounds_now, rounds = math.ceil(batches / now), math.ceil(batches / target)
+    epoch_s = batches * lane.batch_size / lane.figures.images_per_s
+    per_worker = (start.loader_start_ms or 0.0) / now
+    cpu_ms = lane.figures.cpu_ms_per_image
+    cpu = "" if not cpu_ms else (
+        f"; each image {CPU_PER_IMAGE.text(cpu_ms)} of CPU on {lane.loader_cores:.1f} cores"
+    )  # fmt: skip
+    resumed = " resumed" if lane.persistent_workers else ""
+    basis = (
+        f"estimated, not measured: read epoch by epoch, {batches} batches an epoch made in "
+        f"rounds of a batch per worker: {epoch_s:,.1f} s an epoch at {now} workers, "
+        f"{rounds_now} rounds after the loader's start ({per_worker:,.0f} ms per "
+        f"worker{resumed}, {per_worker * target:,.0f} ms at {target}){cpu}; {rounds} rounds at "
+        f"{target} workers, as few as at {settings[-1]}; at most the consumer's rate; "
+        f"`probe doctor --like {lane.watched_run or 'RUN'}` measures it"
+    )
+    if start.loader_start_ms is None:
+        basis += "; the loader's start was not measured apart from its first round: kept in it"
+    action = (
+        f"raise num_workers from {now} to {target}: its {batches} batches an epoch take "
+        f"{rounds} rounds of a batch per worker, against {rounds_now} now"
+    )
+    advice = Recommendation(action, workers(target), rates[target] * lanes, basis)
+    kept = rounds_images_per_s(lane, target, kept=True) or 0.0
+    if lane.persistent_workers is not False or not start.loader_start_ms or kept <= rates[target]:
+        return advice
+    return replace(
+        advice,
+        action=f"{action}, and keep the workers across epochs (persistent_workers=True)",
+        predicted_images_per_s=kept * lanes,
+        basis=f"{basis}; with persistent_workers=True an epoch starts no worker (resuming kept "
+        "workers is taken as free)",
+        notes=(
+            f"without persistent_workers=True: {IMAGES_PER_S.text(rates[target] * lanes)}, the "
+            f"loader's start growing from {start.loader_start_ms:,.0f} ms at {now} workers to "
+            f"{per_worker * target:,.0f} ms at {target}",
+        ),
+    )
+
+
+def rounds_images_per_s(lane: LaneFacts, w: int, kept: bool = False) -> float | None:
+    """One lane's images/s at `w` workers for a DataLoader read epoch by epoch, from its epochs
+    as measured at its own workers. An epoch of B batches is made in rounds, each worker one
+    batch a round, so w workers take ceil(B / w) rounds, the last with the batches left (24
+    batches: 8 workers take 3 rounds, 12 and 16 take 2). An epoch takes the loader's start (per
+    worker, times w; none where the workers are `kept` from the epoch before) and each round the
+    time a worker makes a batch (the measured epoch less its start, over its rounds), or longer
+    where the round's batches need more CPU than the lane's cores give (`cpu_ms_per_image`); at
+    most the consumer's rate. None where the lane reads one stream, or its epoch or rate was not
+    measured."""
+    start, figures, now = lane.figures.epoch_start, lane.figures, lane.num_workers or 0
+    if (
+        lane.backend != "torch"
+        or start is None
+        or not start.starts
+        or round(start.batches_per_epoch) < 1
+        or not figures.images_per_s
+        or now < 1
+        or w < 1
+    ):
+        return None
+    batches = round(start.batches_per_epoch)
+    epoch_s = batches * lane.batch_size / figures.images_per_s
+    start_s = (start.loader_start_ms or 0.0) / 1000
+    batch_s = max(0.0, epoch_s - start_s) / math.ceil(batches / now)
+    cpu_ms, cores = figures.cpu_ms_per_image, lane.loader_cores
+
+    def round_s(made: int) -> float:
+        """A round of `made` batches: a worker's batch, or the cores' time for all of them."""
+        needed = made * lane.batch_size * cpu_ms / 1000 / cores if cpu_ms and cores else 0.0
+        return max(batch_s, needed)
+
+    full, left = divmod(batches, w)
+    starting = 0.0 if kept else start_s * w / now
+    seconds = starting + full * round_s(w) + (round_s(left) if left else 0.0)
+    made = batches * lane.batch_size / seconds if seconds > 0 else math.inf
+    return min(made, lane.consumer_images_per_s or math.inf)

@@ -20,7 +20,7 @@ from probe.judge.changes import (
     workers,
 )
 from probe.judge.dali_run import CoresFreed, DaliRun
-from probe.judge.epochs import epoch_fixes, read_by_epoch
+from probe.judge.epochs import epoch_fixes, in_rounds, read_by_epoch
 from probe.judge.facts import LaneFacts
 from probe.judge.knee import SweepAnalysis, SweepPoint
 from probe.judge.model import Curve, curve_of
@@ -64,8 +64,11 @@ def recommend(
         if sweep is not None and sweep.knob == Knob.NUM_WORKERS.value:
             out += _measured_workers(lane, sweep, lanes)
         else:
-            out.append(_predicted_workers(lane, lanes) or _estimated_workers(lane, lanes))
+            more = _predicted_workers(lane, lanes) or _estimated_workers(lane, lanes)
+            out += [] if more is None else [more]
     out += _slowed_steps(facts, lane, verdict, findings)
+    if lane.backend == "dali" and verdict.kind in STARVED:
+        out += _in_dalis_terms(lane, verdict, lanes)
     if any(v.kind is VerdictKind.EPOCH_START_STALL for v in [*verdicts, *findings]):
         out += epoch_fixes(facts)
     if verdict.kind in STARVED - {VerdictKind.IO_BOUND, VerdictKind.EPOCH_START_STALL} and (
@@ -207,12 +210,16 @@ def _measure_again(
     )
 
 
-def _estimated_workers(lane: LaneFacts, lanes: int) -> Recommendation:
+def _estimated_workers(lane: LaneFacts, lanes: int) -> Recommendation | None:
     """More workers, from this run alone: its images/s per worker times workers (a loader at
     num_workers=0, which loads in the training process, counted as one), enough for the
     consumer, at most the cores per lane and what they can make at the CPU each image costs
     (`LaneFacts.cpu_cap_images_per_s`). Throughput flattens, and may fall, before the cores
-    run out: said, with what measures it."""
+    run out: said, with what measures it. A loader read epoch by epoch is predicted in rounds
+    (`in_rounds`: None where more workers do not gain)."""
+    start = lane.figures.epoch_start
+    if start is not None and start.starts and lane.num_workers:
+        return in_rounds(lane, lanes)
     workers_now = max(lane.num_workers or 1, 1)
     rate, start = lane.figures.images_per_s, lane.figures.epoch_start
     if start is not None and start.starts and start.steady_images_per_s:
@@ -373,22 +380,78 @@ def _off_the_sms(lane: LaneFacts, lanes: int) -> list[Recommendation]:
 
 
 def _more_threads(lane: LaneFacts, lanes: int) -> list[Recommendation]:
+    """Twice DALI's CPU threads, up to the cores: images/s per thread times threads, at most
+    what the cores make at the CPU each image costs and the consumer's rate."""
     threads = lane.num_threads or 1
     target = int(min(threads * 2, lane.cores_per_lane))
     if target <= threads:
         return []
-    predicted = lane.figures.images_per_s * target / threads
-    if lane.consumer_images_per_s is not None:
-        predicted = min(predicted, lane.consumer_images_per_s)
+    bounds = [b for b in (lane.consumer_images_per_s, lane.cpu_cap_images_per_s) if b]
+    predicted = min([lane.figures.images_per_s * target / threads, *bounds])
     return [
         Recommendation(
             f"raise DALI num_threads from {threads} to {target}",
             Change(Knob.NUM_THREADS, target),
             predicted * lanes,
             f"estimated, not measured: images/s per thread times threads, bounded by the "
-            f"{lane.cores_per_lane_text} and at most the consumer's own rate",
+            f"{lane.cores_per_lane_text}, what they make at the CPU each image costs, and the "
+            f"consumer's own rate; {_dali_search(lane)}",
         )
     ]
+
+
+def _dali_search(lane: LaneFacts) -> str:
+    """What measures a DALI lane's settings: the doctor's search of DALI's threads and, mixed,
+    the hardware decoder's share, on the lane's files."""
+    if lane.watched_run:
+        return (
+            "`probe doctor --data DIR` (DIR: a class-per-folder copy of its images) searches "
+            "DALI's threads and the hardware decoder's share"
+        )
+    return "`probe doctor` searches DALI's threads and the hardware decoder's share"
+
+
+def _in_dalis_terms(lane: LaneFacts, verdict: Verdict, lanes: int) -> list[Recommendation]:
+    """A starved DALI lane's changes in DALI's own terms: more CPU threads where the CPU has
+    room (up to what the cores make, where the CPU caps it); decoding on the GPU (mixed) where it
+    decodes on the CPU beside one; the hardware decoder's share, where it has room. Its threads
+    all busy are `_slowed_steps`'."""
+    out = []
+    capped_with_room = (  # the CPU caps it, yet its threads use only part of the cores
+        lane.cpu_capped and not lane.cpu_saturated and (lane.num_threads or 1) < lane.cores_per_lane
+    )
+    if verdict.kind is VerdictKind.DALI_THREADS_TOO_FEW or capped_with_room:
+        out += _more_threads(lane, lanes)
+    alone = lane.consumer_images_per_s
+    if lane.on_gpu and lane.decoder == "cpu":
+        out.append(
+            Recommendation(
+                "decode on the GPU (decoder mixed: nvJPEG and the hardware JPEG decoder), "
+                "freeing DALI's CPU threads of the decoding",
+                to_dali("mixed", lane.num_threads or 1),
+                None if alone is None else alone * lanes,
+                f"estimated: at most the consumer's own rate; {_dali_search(lane)}",
+            )
+        )
+    busy, load = lane.figures.nvjpg_pct, lane.hw_decoder_load
+    if (
+        lane.decoder == "mixed"
+        and load is not None
+        and load < 1
+        and (busy is None or busy < NVJPG_SATURATED_PCT)
+    ):
+        room = "" if busy is None else f" ({NVJPG.text(busy)} busy)"
+        out.append(
+            Recommendation(
+                f"send more JPEGs to the hardware decoder{room}, taking decoding off DALI's CPU "
+                "threads and nvJPEG's",
+                Change(Knob.HW_DECODER_LOAD, round(min(1.0, load + HW_DECODER_STEP), 2)),
+                None,
+                f"not predicted: the split between the decoders is not measured apart; "
+                f"{_dali_search(lane)}",
+            )
+        )
+    return out
 
 
 def _transfer_fixes(lane: LaneFacts) -> list[Recommendation]:

@@ -53,6 +53,7 @@ from probe.steady import MIN_JUDGED_BLOCKS, Estimate
 class VerdictKind(str, Enum):
     FED = "fed"
     STARVED_CPU_HEADROOM = "starved_cpu_headroom"
+    DALI_THREADS_TOO_FEW = "dali_threads_too_few"
     STARVED_CPU_SATURATED = "starved_cpu_saturated"
     STARVED_LOADER_LIMIT = "starved_loader_limit"
     OVERSUBSCRIBED = "oversubscribed"
@@ -76,6 +77,7 @@ class VerdictKind(str, Enum):
 STARVED = frozenset(
     {
         VerdictKind.STARVED_CPU_HEADROOM,
+        VerdictKind.DALI_THREADS_TOO_FEW,
         VerdictKind.STARVED_CPU_SATURATED,
         VerdictKind.STARVED_LOADER_LIMIT,
         VerdictKind.OVERSUBSCRIBED,
@@ -91,6 +93,7 @@ STARVED = frozenset(
 TITLES = {
     VerdictKind.FED: "fed: compute-bound",
     VerdictKind.STARVED_CPU_HEADROOM: "starved, with CPU headroom: too few workers",
+    VerdictKind.DALI_THREADS_TOO_FEW: "starved, with CPU headroom: too few DALI threads",
     VerdictKind.STARVED_CPU_SATURATED: (
         "starved: the CPU caps the loader: decoding needs more cores or the GPU"
     ),
@@ -327,6 +330,8 @@ def _cpu_limits(facts: LaneFacts) -> _Cause:
         return VerdictKind.STARVED_CPU_SATURATED, [*cpu_evidence(facts), *stall_evidence(facts)]
     if facts.loaders is not None and facts.loaders < facts.cores_per_lane:
         why = [*cpu_evidence(facts), *demand, *stall_evidence(facts)]
+        if facts.backend == "dali":
+            return VerdictKind.DALI_THREADS_TOO_FEW, why
         return VerdictKind.STARVED_CPU_HEADROOM, why
     return None
 

@@ -19,7 +19,7 @@ from probe.judge.results import InTurn
 from probe.judge.session import WarmSession, point_of, with_change
 from probe.measure.config import ProbeConfig
 from probe.records import RunStatus
-from probe.steady import DRIFT, Estimate, pooled, t95
+from probe.steady import DRIFT, Estimate, margin, pooled, t95
 
 # DALI against the DataLoader, measured in alternation, moved from session to session by more
 # than each session's interval: six doctor sessions in a row on the idle 2-core machine read
@@ -168,32 +168,40 @@ def alternate(
     whole pair, until MIN_PAIRS pairs (or those the budget fits) decide B against `bar` times A,
     or MAX_PAIRS were measured; where no pair fits, `first` alone (its verification, no pair);
     where the first measurements of A and B (`initial`) decide the call alone (`clear_call`),
-    `first` alone too, and the call as they decide it. Each run measures at most `length_s`
-    (it stops sooner once precise)."""
+    `first` alone too (its verification), and the call as they decide it, unless that run
+    moved from `first`'s first measurement beyond their errors and the drift: then the pairs
+    decide, that run opening them. Each run measures at most `length_s` (it stops sooner once
+    precise)."""
     order = (first, b if first == a else a)
-    clear = None if initial is None else clear_call(*initial, bar, spread)
-    if clear is not None:
-        run = _run(session, base, first, label, length_s)
-        ratio = pair_ratio([initial], spread) if initial is not None else None
-        return Alternation(a, b, () if run is None else (run,), ratio, bar, b if clear else a,
-                           spread, clear=True)  # fmt: skip
     runs: list[InTurn] = []
-    result = Alternation(a, b, (), None, bar, None, spread)
+    clear = None if initial is None else clear_call(*initial, bar, spread)
+    if clear is not None and initial is not None:
+        run = _run(session, base, first, label, length_s)
+        if run is None:
+            return Alternation(a, b, (), None, bar, None, spread)
+        was = initial[1] if first == b else initial[0]
+        now = Estimate(run.images_per_s, run.images_per_s_error, 0)
+        if abs(now.value - was.value) <= margin(now, 1.0, was, drift=True):
+            ratio = pair_ratio([initial], spread)
+            return Alternation(a, b, (run,), ratio, bar, b if clear else a, spread, clear=True)
+        runs.append(run)  # it moved since it was first measured: pairs decide, it opens them
+    result = Alternation(a, b, tuple(runs), None, bar, None, spread)
     while len(runs) < 2 * MAX_PAIRS and not session.stop.is_set():
         alone = not runs and not session.budget.fits(1)  # no pair fits: `first` alone
         if alone and not session.budget.fits():
             break
-        if not alone and not session.budget.fits(1):
+        if not alone and not session.budget.fits(1 - len(runs) % 2):
             break
+        todo = order[:1] if alone else order[len(runs) % 2 :]
         pair = []
-        for change in order[:1] if alone else order:
+        for change in todo:
             run = _run(session, base, change, label, length_s)
             if run is None:
                 break
             pair.append(run)
         if alone:
             return Alternation(a, b, tuple(pair), None, bar, None, spread)
-        if len(pair) < 2:
+        if len(pair) < len(todo):
             break
         runs += pair
         ratio = pair_ratio(runs_pairs(runs, a), spread)
