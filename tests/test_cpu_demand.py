@@ -339,6 +339,12 @@ def test_a_cpu_bound_watched_script_is_capped_by_its_cpu_then_its_epoch_starts(
     assert demand["value"] > 10  # cores' worth, for a lane of 2
     assert "the CPU caps the loader near" in demand["text"]
     assert [f["kind"] for f in diagnosis["findings"]][:1] == ["epoch_start_stall"]
+    told = [line for line in result.stderr.splitlines() if line.startswith("feedscope: ")]
+    assert told[0].startswith("feedscope: train.py, the training loader, ")
+    assert told[0].endswith(
+        verdict["title"] + f" (high: data-wait {verdict['data_wait_frac']:.1%})"
+    )
+    assert told[1].startswith("feedscope:   also: starved at epoch starts")  # second
 
 
 # --- the recorded runs themselves (tests/benchmarks/results/2026-11-27-watch-cases) -----------

@@ -238,6 +238,7 @@ def print_run(document: RunDocument, diagnosis: RunDiagnosis) -> None:
             diagnosis.asides,
             tables.job_scope(tables.run_devices(document)),
             diagnosis.verified,
+            diagnosis.findings,
         )
     )
 

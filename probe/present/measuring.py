@@ -530,5 +530,5 @@ def loader_answers(db: Path | None, run_id: str) -> list[str]:
         for run in store.loaders(store.run(run_id)):
             diagnosis = diagnose_run(store, run.run_id)
             loaders.append((read_run(store, run.run_id), diagnosis.verdict,
-                            diagnosis.recommendations))  # fmt: skip
+                            diagnosis.recommendations, diagnosis.findings))  # fmt: skip
     return tables.loader_lines(loaders)

@@ -15,6 +15,7 @@ from probe.judge.changes import Recommendation
 from probe.judge.results import EpochsRun, Session, SessionKind
 from probe.judge.thresholds import KNEE_WITHIN, Severity
 from probe.judge.verdicts import Verdict, VerdictKind
+from probe.judge.verdicts import rank as verdict_rank
 from probe.metrics import (
     CPU,
     DATA_WAIT,
@@ -485,11 +486,14 @@ def diagnosis_lines(
     asides: Sequence[Recommendation] = (),
     scope: str = "",
     agreed: bool = True,
+    findings: Sequence[Verdict] = (),
 ) -> list[str]:
-    """A verdict with its evidence, then the recommendations, ranked, then the changes set
-    aside (below yours); `scope` says whose images/s they are (`job_scope`); `agreed`: whether
-    the run that measured a recommendation again agreed with it (it is "verified" only then)."""
+    """A verdict with its evidence, the other findings (`also_lines`), then the
+    recommendations, ranked, then the changes set aside (below yours); `scope` says whose
+    images/s they are (`job_scope`); `agreed`: whether the run that measured a recommendation
+    again agreed with it (it is "verified" only then)."""
     lines = [f"verdict: {headline(verdict)}"] + [f"  - {item.text}" for item in verdict.evidence]
+    lines += also_lines(verdict, findings)
     for title, items in (("recommendations", recommendations),
                          (f"not recommended: {ASIDE}", asides)):  # fmt: skip
         if items:
@@ -502,13 +506,24 @@ def diagnosis_lines(
 ASIDE = "measured or predicted below yours or the answer"  # what sets a change aside
 
 
+def also_lines(verdict: Verdict, findings: Sequence[Verdict], indent: str = "") -> list[str]:
+    """The findings besides the verdict, worst first, each with its first evidence: what
+    else costs the run (epoch starts beside the CPU's cap, a step slowed by the loader)."""
+    lines = []
+    for finding in sorted((f for f in findings if f != verdict), key=verdict_rank, reverse=True):
+        lines.append(f"{indent}also: {headline(finding)}")
+        lines += [f"{indent}  - {item.text}" for item in finding.evidence[:1]]
+    return lines
+
+
 def loader_lines(
-    loaders: Sequence[tuple[RunDocument, Verdict, Sequence[Recommendation]]],
+    loaders: Sequence[tuple[RunDocument, Verdict, Sequence[Recommendation], Sequence[Verdict]]],
 ) -> list[str]:
     """What a watched script's loaders come to, given the training loader (the most batches)
-    first: each one's verdict (or why it is not judged) and its first change."""
+    first: each one's verdict (or why it is not judged), its other findings' titles and its
+    first change."""
     lines = []
-    for index, (document, verdict, recommendations) in enumerate(loaders):
+    for index, (document, verdict, recommendations, findings) in enumerate(loaders):
         batches = sum(lane.figures.batches for lane in document.lanes)
         role = ", the training loader" if index == 0 and len(loaders) > 1 else ""
         told = headline(verdict)
@@ -516,6 +531,7 @@ def loader_lines(
             told += f": {verdict.evidence[0].text}"
         lines.append(f"{document.label or document.run_id}{role}, {batches} batches measured: "
                      f"{told}")  # fmt: skip
+        lines += [line for line in also_lines(verdict, findings, "  ") if "also:" in line]
         if recommendations:
             scope = job_scope(run_devices(document))
             lines.append(f"  first change: {recommendation_text(recommendations[0], scope)}")
