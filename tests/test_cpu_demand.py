@@ -427,3 +427,20 @@ def test_a_watched_dali_iterator_is_judged_and_advised_in_its_own_terms() -> Non
     assert diagnosis.verdict.title == "starved, with CPU headroom: too few DALI threads"
     settings = [r.setting for r in diagnosis.recommendations]
     assert settings == ["DALI num_threads=16", "DALI hw_decoder_load=0.9"]
+
+
+def test_findings_besides_the_verdict_are_told_once_each() -> None:
+    """The verdict's own kind is not told again, and a finding of several lanes once, its worst
+    lane's: "also: starved at epoch starts" on an 8-GPU job is one line, not eight."""
+    from probe.judge.thresholds import Severity
+    from probe.judge.verdicts import Verdict
+    from probe.present.tables import also_lines, headline
+
+    verdict = Verdict(VerdictKind.STARVED_CPU_SATURATED, Severity.HIGH, 0.9, ())
+    epochs = [
+        Verdict(VerdictKind.EPOCH_START_STALL, Severity.HIGH, wait, (), lane)
+        for lane, wait in enumerate((0.5, 0.7, 0.6))
+    ]
+    again = replace(verdict, lane=1, data_wait_frac=0.8)
+    lines = also_lines(verdict, [again, *epochs], headlines=True)
+    assert lines == ["also: " + headline(epochs[1])]

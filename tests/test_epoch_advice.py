@@ -108,16 +108,18 @@ def test_a_stream_gets_todays_prediction(start: EpochStartCost | None) -> None:
     assert "epoch" not in basis
 
 
-def test_a_start_not_split_stays_in_the_first_round_and_says_so() -> None:
+def test_a_start_not_split_is_kept_as_it_is_and_says_so() -> None:
     unsplit = replace(IMAGENET_START, loader_start_ms=None, refill_ms=None)
     lane = replace(IMAGENET, figures=replace(IMAGENET.figures, epoch_start=unsplit))
     action, predicted, basis, notes = advice_for(lane, 14)
-    assert predicted == pytest.approx(in_rounds(14, 0.0, measured_start_ms=0.0))
+    # the whole epoch start, 1,037 ms, kept as it is at 14 workers
+    assert predicted == pytest.approx(in_rounds(14, 1037.0, measured_start_ms=1037.0))
     assert "persistent" not in action  # nothing measured to pair it on
     assert notes == ()
-    assert basis.endswith(
-        "the loader's start was not measured apart from its first round: kept in it"
-    )
+    assert (
+        "9 rounds after its epoch start (1,037 ms; the loader's start was not measured apart, "
+        "so it is kept as it is)"
+    ) in basis
 
 
 def test_a_sweeps_point_counts_the_starts_and_its_error_for_all_lanes() -> None:

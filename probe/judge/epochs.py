@@ -146,7 +146,10 @@ def _predicted(
 def _cpu_cap_text(lane: LaneFacts) -> str:
     """What caps a CPU-capped lane's loader, and what answers it."""
     cap, cpu_ms = lane.cpu_cap_images_per_s, lane.figures.cpu_ms_per_image
-    answer = "DALI, decoding on the GPU" if lane.on_gpu else "more cores"
+    gpu_decodes = lane.backend == "torch" or lane.decoder == "cpu"  # what a GPU could take
+    answer = "DALI, decoding on the GPU" if lane.on_gpu and gpu_decodes else "more cores"
+    if lane.on_gpu and lane.backend == "dali" and lane.decoder == "cpu":
+        answer = "DALI's mixed decoder, decoding on the GPU"
     return (
         f"the CPU caps the loader near {IMAGES_PER_S.text(cap)}{lane.per_lane(cap)} "
         f"({CPU_PER_IMAGE.text(cpu_ms)} of CPU an image, {lane.cores_per_lane_text}): with the "
@@ -286,6 +289,7 @@ def in_rounds(lane: LaneFacts, lanes: int = 1) -> Recommendation | None:
     assert start is not None  # measured in rounds
     batches = round(start.batches_per_epoch)
     rounds_now, rounds = math.ceil(batches / now), math.ceil(batches / target)
+    fewest = math.ceil(batches / settings[-1])
     epoch_s = batches * lane.batch_size / lane.figures.images_per_s
     per_worker = (start.loader_start_ms or 0.0) / now
     cpu_ms = lane.figures.cpu_ms_per_image
@@ -293,16 +297,20 @@ def in_rounds(lane: LaneFacts, lanes: int = 1) -> Recommendation | None:
         f"; each image {CPU_PER_IMAGE.text(cpu_ms)} of CPU on {lane.loader_cores:.1f} cores"
     )  # fmt: skip
     resumed = " resumed" if lane.persistent_workers else ""
+    starting = (
+        f"the loader's start ({per_worker:,.0f} ms per worker{resumed}, "
+        f"{per_worker * target:,.0f} ms at {target})"
+        if start.loader_start_ms is not None
+        else f"its epoch start ({start.stall_ms:,.0f} ms; the loader's start was not measured "
+        "apart, so it is kept as it is)"
+    )
     basis = (
         f"estimated, not measured: read epoch by epoch, {batches} batches an epoch made in "
         f"rounds of a batch per worker: {epoch_s:,.1f} s an epoch at {now} workers, "
-        f"{rounds_now} rounds after the loader's start ({per_worker:,.0f} ms per "
-        f"worker{resumed}, {per_worker * target:,.0f} ms at {target}){cpu}; {rounds} rounds at "
-        f"{target} workers, as few as at {settings[-1]}; at most the consumer's rate; "
-        f"`probe doctor --like {lane.watched_run or 'RUN'}` measures it"
+        f"{rounds_now} rounds after {starting}{cpu}; {rounds} rounds at {target} workers "
+        f"({fewest} at {settings[-1]}); at most the consumer's rate; `probe doctor --like "
+        f"{lane.watched_run or 'RUN'}` measures it"
     )
-    if start.loader_start_ms is None:
-        basis += "; the loader's start was not measured apart from its first round: kept in it"
     action = (
         f"raise num_workers from {now} to {target}: its {batches} batches an epoch take "
         f"{rounds} rounds of a batch per worker, against {rounds_now} now"
@@ -330,8 +338,9 @@ def rounds_images_per_s(lane: LaneFacts, w: int, kept: bool = False) -> float | 
     as measured at its own workers. An epoch of B batches is made in rounds, each worker one
     batch a round, so w workers take ceil(B / w) rounds, the last with the batches left (24
     batches: 8 workers take 3 rounds, 12 and 16 take 2). An epoch takes the loader's start (per
-    worker, times w; none where the workers are `kept` from the epoch before) and each round the
-    time a worker makes a batch (the measured epoch less its start, over its rounds), or longer
+    worker, times w; none where the workers are `kept` from the epoch before; where the start was
+    not measured apart, the epoch start's whole stall, kept as it is) and each round the time a
+    worker makes a batch (the measured epoch less its start, over its rounds), or longer
     where the round's batches need more CPU than the lane's cores give (`cpu_ms_per_image`); at
     most the consumer's rate. None where the lane reads one stream, or its epoch or rate was not
     measured."""
@@ -348,7 +357,8 @@ def rounds_images_per_s(lane: LaneFacts, w: int, kept: bool = False) -> float | 
         return None
     batches = round(start.batches_per_epoch)
     epoch_s = batches * lane.batch_size / figures.images_per_s
-    start_s = (start.loader_start_ms or 0.0) / 1000
+    split = start.loader_start_ms is not None  # else the whole stall, kept as it is
+    start_s = (start.stall_ms if start.loader_start_ms is None else start.loader_start_ms) / 1000
     batch_s = max(0.0, epoch_s - start_s) / math.ceil(batches / now)
     cpu_ms, cores = figures.cpu_ms_per_image, lane.loader_cores
 
@@ -358,7 +368,7 @@ def rounds_images_per_s(lane: LaneFacts, w: int, kept: bool = False) -> float | 
         return max(batch_s, needed)
 
     full, left = divmod(batches, w)
-    starting = 0.0 if kept else start_s * w / now
+    starting = 0.0 if kept else start_s * w / now if split else start_s
     seconds = starting + full * round_s(w) + (round_s(left) if left else 0.0)
     made = batches * lane.batch_size / seconds if seconds > 0 else math.inf
     return min(made, lane.consumer_images_per_s or math.inf)

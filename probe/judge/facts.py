@@ -235,7 +235,7 @@ def lane_facts(store: Store, run: RunRecord, lane: LaneRecord) -> LaneFacts:
         else None,
         persistent_workers=loader.get("persistent_workers") if torch_lane else None,
         num_threads=None if torch_lane else dali.get("num_threads"),
-        decoder=None if torch_lane else _dali_decoder(dali, lane),
+        decoder=None if torch_lane else _dali_decoder(dali, lane, run.kind == "watch"),
         hw_decoder_load=None if torch_lane else dali.get("hw_decoder_load"),
         host=host,
         step_ms_mean=stats["step_mean_s"] * 1e3 if stats["n"] else None,
@@ -273,6 +273,10 @@ def _host_load(means: Mapping[str, float | None], machine: Mapping[str, Any]) ->
     )
 
 
-def _dali_decoder(dali: Mapping[str, Any], lane: LaneRecord) -> str:
+def _dali_decoder(dali: Mapping[str, Any], lane: LaneRecord, watched: bool) -> str | None:
+    """The decoder a DALI lane ran: as set, else the probe's default (cpu without a GPU, mixed
+    on one); a watched iterator's that could not be read is not known (None)."""
     asked = dali.get("decoder")
-    return str(asked) if asked else ("cpu" if lane.gpu_index is None else "mixed")
+    if asked or watched:
+        return str(asked) if asked else None
+    return "cpu" if lane.gpu_index is None else "mixed"

@@ -81,16 +81,20 @@ def dali_decoder(pipe: Any) -> tuple[str | None, float | None]:
 def data_of(dataset: Any) -> dict[str, Any]:
     """Where a dataset's images are: `data_dir`, the folder its files share (or its type and
     "not known"), and `data_files`, how many files it reads (None: not known)."""
-    files = files_of(dataset)
-    if files:
-        folders = {os.path.dirname(os.path.abspath(f)) for f in files}
+    unknown = {"data_dir": f"{type_name(dataset)} (its files {NOT_KNOWN})", "data_files": None}
+    try:
+        files = files_of(dataset)
         root = getattr(_inner(dataset), "root", None)
-        shared = os.path.commonpath([*folders, *([os.path.abspath(root)] if root else [])])
-        return {"data_dir": shared, "data_files": len(files)}
-    root = getattr(dataset, "root", None)
-    if isinstance(root, (str, os.PathLike)) and os.path.isdir(root):
-        return {"data_dir": os.path.abspath(root), "data_files": None}
-    return {"data_dir": f"{type_name(dataset)} (its files {NOT_KNOWN})", "data_files": None}
+        root = os.fspath(root) if isinstance(root, (str, os.PathLike)) else None
+        if files:
+            folders = {os.path.abspath(folder) for folder in {os.path.dirname(f) for f in files}}
+            shared = os.path.commonpath([*folders, *([os.path.abspath(root)] if root else [])])
+            return {"data_dir": shared, "data_files": len(files)}
+        if root is not None and os.path.isdir(root):
+            return {"data_dir": os.path.abspath(root), "data_files": None}
+    except (OSError, TypeError, ValueError):  # paths of mixed drives, odd items: not known
+        pass
+    return unknown
 
 
 def files_of(dataset: Any) -> list[str]:

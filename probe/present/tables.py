@@ -506,13 +506,20 @@ def diagnosis_lines(
 ASIDE = "measured or predicted below yours or the answer"  # what sets a change aside
 
 
-def also_lines(verdict: Verdict, findings: Sequence[Verdict], indent: str = "") -> list[str]:
-    """The findings besides the verdict, worst first, each with its first evidence: what
-    else costs the run (epoch starts beside the CPU's cap, a step slowed by the loader)."""
-    lines = []
-    for finding in sorted((f for f in findings if f != verdict), key=verdict_rank, reverse=True):
+def also_lines(
+    verdict: Verdict, findings: Sequence[Verdict], indent: str = "", headlines: bool = False
+) -> list[str]:
+    """The findings besides the verdict, worst first, one of each kind (its worst lane's), each
+    with its first evidence: what else costs the run (epoch starts beside the CPU's cap, a step
+    slowed by the loader); `headlines`: their titles alone."""
+    lines, told = [], {verdict.kind}
+    for finding in sorted(findings, key=verdict_rank, reverse=True):
+        if finding.kind in told:  # the verdict's own kind, or a kind told for a worse lane
+            continue
+        told.add(finding.kind)
         lines.append(f"{indent}also: {headline(finding)}")
-        lines += [f"{indent}  - {item.text}" for item in finding.evidence[:1]]
+        if not headlines:
+            lines += [f"{indent}  - {item.text}" for item in finding.evidence[:1]]
     return lines
 
 
@@ -531,7 +538,7 @@ def loader_lines(
             told += f": {verdict.evidence[0].text}"
         lines.append(f"{document.label or document.run_id}{role}, {batches} batches measured: "
                      f"{told}")  # fmt: skip
-        lines += [line for line in also_lines(verdict, findings, "  ") if "also:" in line]
+        lines += also_lines(verdict, findings, "  ", headlines=True)
         if recommendations:
             scope = job_scope(run_devices(document))
             lines.append(f"  first change: {recommendation_text(recommendations[0], scope)}")

@@ -45,7 +45,8 @@ def probe(out: Path, name: str, *args: str) -> dict[str, Any]:
     if not result.stdout.strip():
         raise SystemExit(f"{name}: no document; its log: {out / f'{name}.log'}")
     (out / f"{name}.json").write_text(result.stdout)
-    return json.loads(result.stdout)
+    document: dict[str, Any] = json.loads(result.stdout)
+    return document
 
 
 def main() -> None:

@@ -176,6 +176,8 @@ def alternate(
     runs: list[InTurn] = []
     clear = None if initial is None else clear_call(*initial, bar, spread)
     if clear is not None and initial is not None:
+        if not session.budget.fits():
+            return Alternation(a, b, (), None, bar, None, spread)
         run = _run(session, base, first, label, length_s)
         if run is None:
             return Alternation(a, b, (), None, bar, None, spread)

@@ -505,7 +505,8 @@ def _workers_call(
         return None, recommendations, dali
     if not call.pairs and not call.clear:
         return (*_alone(session, base, recommendations, call), dali)
-    mine, theirs = call.of(yours) or initial[0], call.of(top.change) or initial[1]
+    mine, theirs = initial if call.clear else (call.of(yours), call.of(top.change))
+    assert mine is not None and theirs is not None  # a pair, or the first measurements
     against = (
         f"{call.how} with yours, {top.setting} gave "
         f"{IMAGES_PER_S.text(theirs.value)} against {IMAGES_PER_S.text(mine.value)} "
