@@ -386,8 +386,9 @@ def _more_threads(lane: LaneFacts, lanes: int) -> list[Recommendation]:
     target = int(min(threads * 2, lane.cores_per_lane))
     if target <= threads:
         return []
+    rate = lane.figures.images_per_s
     bounds = [b for b in (lane.consumer_images_per_s, lane.cpu_cap_images_per_s) if b]
-    predicted = min([lane.figures.images_per_s * target / threads, *bounds])
+    predicted = max(rate, min([rate * target / threads, *bounds]))  # never below today's
     return [
         Recommendation(
             f"raise DALI num_threads from {threads} to {target}",
@@ -414,7 +415,8 @@ def _dali_search(lane: LaneFacts) -> str:
 def _in_dalis_terms(lane: LaneFacts, verdict: Verdict, lanes: int) -> list[Recommendation]:
     """A starved DALI lane's changes in DALI's own terms: more CPU threads where the CPU has
     room (up to what the cores make, where the CPU caps it); decoding on the GPU (mixed) where it
-    decodes on the CPU beside one; the hardware decoder's share, where it has room. Its threads
+    decodes on the CPU beside one; the hardware decoder's share, where it was measured to have
+    room. Its threads
     all busy are `_slowed_steps`'."""
     out = []
     capped_with_room = (  # the CPU caps it, yet its threads use only part of the cores
@@ -438,13 +440,13 @@ def _in_dalis_terms(lane: LaneFacts, verdict: Verdict, lanes: int) -> list[Recom
         lane.decoder == "mixed"
         and load is not None
         and load < 1
-        and (busy is None or busy < NVJPG_SATURATED_PCT)
+        and busy is not None
+        and busy < NVJPG_SATURATED_PCT
     ):
-        room = "" if busy is None else f" ({NVJPG.text(busy)} busy)"
         out.append(
             Recommendation(
-                f"send more JPEGs to the hardware decoder{room}, taking decoding off DALI's CPU "
-                "threads and nvJPEG's",
+                f"send more JPEGs to the hardware decoder ({NVJPG.text(busy)} busy), taking "
+                "decoding off DALI's CPU threads and nvJPEG's",
                 Change(Knob.HW_DECODER_LOAD, round(min(1.0, load + HW_DECODER_STEP), 2)),
                 None,
                 f"not predicted: the split between the decoders is not measured apart; "
