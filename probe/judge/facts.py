@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipelines import CpuLimits
-from probe.judge.changes import Change, to_dali, workers
+from probe.judge.changes import Change, Knob, to_dali, workers
 from probe.judge.thresholds import (
     CPU_SATURATED_PCT,
     EPOCH_START_SHARE,
@@ -197,8 +197,10 @@ class LaneFacts:
     @property
     def change(self) -> Change:
         """Its own setting, as a change would set it."""
+        if self.backend == "dali" and self.decoder is None:  # a watched iterator's, unread
+            return Change(Knob.NUM_THREADS, self.num_threads or 1)
         if self.backend == "dali":
-            return to_dali(str(self.decoder), self.num_threads or 1)
+            return to_dali(self.decoder, self.num_threads or 1)
         return workers(self.num_workers or 0)
 
 
