@@ -165,35 +165,41 @@ def test_a_change_its_verification_measures_lower_but_still_better_stays(
     assert "it stays the answer" in verify["outcome"]
 
 
-@pytest.mark.parametrize("beside", [1.0, 5.0], ids=["bears-it-out", "does-not"])
-def test_dali_first_is_decided_in_alternation_with_the_dataloader(
-    beside: float, photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("again", [3.0, 0.5], ids=["clear", "moved"])
+def test_dali_first_is_verified_and_decided_on_its_first_measurements_unless_it_moved(
+    again: float, photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """DALI read at 3x is recommended first; it and the DataLoader's answer are then measured in
-    alternation, DALI first (its verification). Read as measured, the pairs bear DALI out and it
-    stays first; with the DataLoader's runs read at 5x, they refute it: the DataLoader's answer
-    is first and DALI is no recommendation, its advice saying why."""
+    """DALI read at 3x is recommended first, a call clear on the first measurements: DALI's
+    run again (its verification), read at 3x too, bears it out, and nothing more is measured
+    (where this host moved it beyond the errors and the drift, the pairs bear it out).
+    Read at half instead (the machine moved under it), it no longer stands for the call: DALI
+    and the DataLoader's answer are measured in alternation, which refutes DALI; the
+    DataLoader's answer is first and DALI is no recommendation, its advice saying why."""
 
     def factor(label: str) -> float:
-        if label.startswith("in alternation: num_workers="):
-            return beside
-        return 3.0 if label.startswith(("DALI", "in alternation: DALI")) else 1.0
+        if label.startswith("in alternation: DALI"):
+            return again
+        return 3.0 if label.startswith("DALI") else 1.0
 
     document = doctor_reading(factor, photos, tmp_path / "s.db", monkeypatch, 2, [1, 2], 150.0)
     verify = document["verify"]
     assert verify is not None and verify["setting"].startswith("DALI"), document["reason"]
     runs = [run["setting"] for run in verify["in_turn"]]
-    assert len(runs) >= 2 and runs[0] == verify["setting"], verify
-    assert all(a != b for a, b in itertools.pairwise(runs)), runs  # in alternation
-    loader = runs[1]
-    assert loader.startswith("num_workers="), runs
+    assert runs[0] == verify["setting"], verify
     settings = [r["setting"] for r in document["recommendations"]]
     assert len(settings) == len(set(settings))
-    if beside == 1.0:  # the DataLoader, below the answer, is not recommended beside it
-        assert settings[0] == verify["setting"] and loader not in settings
-        assert loader in [r["setting"] for r in document["asides"]]
+    if again == 3.0:  # the DataLoader, below the answer, is not recommended beside it
+        # its run again agrees with its first, unless this shared host moved it beyond their
+        # errors and the drift between them: then the pairs decide, and bear DALI out
+        how = "clear on their first measurements" if len(runs) == 1 else "measured in alternation"
+        assert verify["outcome"].startswith(how), runs
         assert verify["outcome"].endswith("DALI is the answer")
+        assert settings[0] == verify["setting"]
     else:
+        assert len(runs) >= 2 and all(a != b for a, b in itertools.pairwise(runs)), runs
+        loader = runs[1]
+        assert loader.startswith("num_workers="), runs
+        assert verify["outcome"].startswith("measured in alternation")
         assert settings[0] == loader and verify["setting"] not in settings, settings
         assert verify["outcome"].endswith(f"{loader} is the answer")
         assert document["dali"]["advice"].startswith("DALI is not worth the migration")
