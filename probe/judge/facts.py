@@ -197,9 +197,9 @@ class LaneFacts:
     @property
     def change(self) -> Change:
         """Its own setting, as a change would set it."""
-        if self.backend == "dali" and self.decoder is None:  # a watched iterator's, unread
-            return Change(Knob.NUM_THREADS, self.num_threads or 1)
         if self.backend == "dali":
+            if self.decoder is None:  # a watched iterator's, unread
+                return Change(Knob.NUM_THREADS, self.num_threads or 1)
             return to_dali(self.decoder, self.num_threads or 1)
         return workers(self.num_workers or 0)
 
