@@ -166,3 +166,22 @@ def skip_on_a_busy_host(document: Mapping[str, Any]) -> None:
     )
     if busy or document.get("host_busy"):
         pytest.skip("the probe found this host busy with other work: no idle host's answer")
+
+
+def files_dataset(photos: Path, side: int) -> Any:
+    """A dataset that names its files as torchvision's ImageFolder does, `samples` of (path,
+    label) pairs (the JPEGs of `photos`' class folders), each item a blank image of `side`."""
+    import torch
+    from torch.utils.data import Dataset
+
+    class Files(Dataset[torch.Tensor]):
+        def __init__(self) -> None:
+            self.samples = [(str(p), 0) for p in sorted(photos.glob("*/*.jpg"))]
+
+        def __len__(self) -> int:
+            return len(self.samples)
+
+        def __getitem__(self, index: int) -> torch.Tensor:
+            return torch.zeros(3, side, side)
+
+    return Files()

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from helpers import probe_cli
+from helpers import files_dataset, probe_cli
 from pipelines.sample_data import SampleParams, make_sample_dataset
 from probe.judge.changes import Recommendation, to_dali, workers
 from probe.judge.model import Curve
@@ -370,23 +370,14 @@ def test_a_watched_job_that_names_its_files_is_offered_the_doctor_on_them(
 ) -> None:
     """A dataset holding (path, label) pairs, as torchvision's ImageFolder does: the Run page
     gives `probe doctor --like RUN`, and its click starts that doctor on the job's files."""
-    import torch
-    from torch.utils.data import DataLoader, Dataset
+    from torch.utils.data import DataLoader
 
     from probe import watch
 
-    class Files(Dataset[torch.Tensor]):
-        def __init__(self) -> None:
-            self.samples = [(str(p), 0) for p in sorted(photos.glob("*/*.jpg"))]
-
-        def __len__(self) -> int:
-            return len(self.samples)
-
-        def __getitem__(self, index: int) -> torch.Tensor:
-            return torch.zeros(3, 64, 64)
-
     db = tmp_path / "store.db"
-    for _ in watch(DataLoader(Files(), batch_size=8), name="train", db=db, answer=False):
+    for _ in watch(
+        DataLoader(files_dataset(photos, 64), batch_size=8), name="train", db=db, answer=False
+    ):
         pass
     with Store(db) as store:
         (run,) = store.runs()

@@ -321,19 +321,25 @@ def test_yours_measured_apart_then_dali_in_reach_is_decided_in_alternation_not_l
     assert all(a != b for a, b in itertools.pairwise(settings))
 
 
+def h200_call(session: Recorded) -> tuple[Verification | None, list[Recommendation]]:
+    """The H200 session's verification: DALI first (2,861 ± 65), num_workers=16 (846 ± 62)."""
+    baseline = SweepPoint(16, H200_YOURS.value, 0.79, 1500.0, "yours", H200_YOURS.error)
+    run = replace(dali_at(H200_DALI.value), images_per_s_error=H200_DALI.error)
+    keep = doctor_answer.keep_yours(baseline, baseline.estimate)
+    verification, out, _ = doctor_answer.verify(
+        session,  # type: ignore[arg-type]
+        BASE, [dali_recommendation(run), keep], baseline, VERDICT, run, 16.0,
+    )  # fmt: skip
+    return verification, out
+
+
 def test_a_clear_call_is_verified_by_one_run_and_not_measured_in_alternation(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The H200 session: DALI first, its run again its verification, and no DataLoader run
     too short for its slow batches to say anything."""
     session = recorded(monkeypatch, {DALI: [2929.0]}, 10, 0.02)
-    baseline = SweepPoint(16, H200_YOURS.value, 0.79, 1500.0, "yours", H200_YOURS.error)
-    run = replace(dali_at(H200_DALI.value), images_per_s_error=H200_DALI.error)
-    keep = doctor_answer.keep_yours(baseline, baseline.estimate)
-    verification, out, run = doctor_answer.verify(
-        session,  # type: ignore[arg-type]
-        BASE, [dali_recommendation(run), keep], baseline, VERDICT, run, 16.0,
-    )  # fmt: skip
+    verification, out = h200_call(session)
     assert session.labels == [f"in alternation: {DALI}"]
     assert [r.setting for r in out][:2] == [DALI, "num_workers=16"]
     assert verification is not None and verification.outcome is not None
@@ -349,13 +355,7 @@ def test_a_clear_call_whose_verification_moved_is_measured_in_alternation(
     first of them."""
     sixteen = "num_workers=16"
     session = recorded(monkeypatch, {DALI: [1500.0, 1510.0], sixteen: [846.0, 850.0]}, 10, 0.02)
-    baseline = SweepPoint(16, H200_YOURS.value, 0.79, 1500.0, "yours", H200_YOURS.error)
-    run = replace(dali_at(H200_DALI.value), images_per_s_error=H200_DALI.error)
-    keep = doctor_answer.keep_yours(baseline, baseline.estimate)
-    verification, out, run = doctor_answer.verify(
-        session,  # type: ignore[arg-type]
-        BASE, [dali_recommendation(run), keep], baseline, VERDICT, run, 16.0,
-    )  # fmt: skip
+    verification, out = h200_call(session)
     assert [label.split(": ")[1] for label in session.labels] == [DALI, sixteen] * 2
     assert verification is not None and verification.outcome is not None
     assert verification.outcome.startswith("measured in alternation, DALI gave +77%")

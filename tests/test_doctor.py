@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from helpers import MOVED, probe_cli, skip_on_a_busy_host
+from helpers import MOVED, files_dataset, probe_cli, skip_on_a_busy_host
 from pipelines import Backend, DataLoaderOptions, PipelineSpec
 from pipelines.sample_data import SampleParams, make_sample_dataset
 from probe.judge import doctor
@@ -327,22 +327,14 @@ def test_like_a_watched_job_the_doctor_measures_dali_on_its_own_files(
     batch size, image size, workers and median step; a job whose dataset names no files is told
     what to pass, in one line, exit 2."""
     import torch
-    from torch.utils.data import DataLoader, Dataset, TensorDataset
+    from torch.utils.data import DataLoader, TensorDataset
 
     from probe import watch
 
-    class Files(Dataset[torch.Tensor]):
-        def __init__(self) -> None:
-            self.samples = [(str(p), 0) for p in sorted(photos.glob("*/*.jpg"))]
-
-        def __len__(self) -> int:
-            return len(self.samples)
-
-        def __getitem__(self, index: int) -> torch.Tensor:
-            return torch.zeros(3, 48, 48)
-
     db = tmp_path / "store.db"
-    for _ in watch(DataLoader(Files(), batch_size=6, num_workers=1), db=db, answer=False):
+    for _ in watch(
+        DataLoader(files_dataset(photos, 48), batch_size=6, num_workers=1), db=db, answer=False
+    ):
         time.sleep(0.02)
     for _ in watch(DataLoader(TensorDataset(torch.zeros(12, 3)), batch_size=4), db=db,
                    answer=False):  # fmt: skip
