@@ -82,6 +82,11 @@ class RunStatus(str, Enum):
     INTERRUPTED = "interrupted"
 
 
+# How a lane's reason begins where another rank of its job ending stopped it: the other rank's
+# reason, not this one, says why the run ended.
+STOPPED_FOR = "stopped for rank "
+
+
 @dataclass(frozen=True)
 class RunRecord:
     run_id: str

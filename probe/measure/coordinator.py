@@ -25,6 +25,7 @@ from probe.measure.lane import Measure
 from probe.measure.live import Labels, Live, nvml_index, start_live
 from probe.measure.recorder import Drained, Recorder
 from probe.measure.samplers.host import kill_tree, process_states, tree_cpu_s
+from probe.measure.stop import stop_cause
 from probe.measure.unwritten import WRITE_WAIT_S, Unwritten, patiently
 from probe.metrics import wait_share
 from probe.records import BatchEvent, RunRecord, RunStatus
@@ -265,7 +266,8 @@ class Coordinator:
         elif kind == "ended":
             self.ended[lane] = payload
             status = RunStatus.INTERRUPTED if payload["stopped"] else RunStatus.COMPLETED
-            self._close_lane(lane, status, "stopped when asked" if payload["stopped"] else None)
+            asked = stop_cause(self.lanes.stop) or "stopped when asked"
+            self._close_lane(lane, status, asked if payload["stopped"] else None)
         elif kind == "failed":
             if payload.get("input"):
                 self.bad_input.append(f"lane {lane}: {payload['reason']}")
@@ -368,7 +370,8 @@ class Coordinator:
         if self.store_lost is not None:
             run_status, run_reason = RunStatus.FAILED, self.store_lost
         elif self.interrupted:
-            run_status, run_reason = RunStatus.INTERRUPTED, "stopped before its end (interrupted)"
+            run_status = RunStatus.INTERRUPTED
+            run_reason = stop_cause(self.lanes.stop) or "stopped before its end (interrupted)"
         elif failures:
             run_status, run_reason = RunStatus.FAILED, "; ".join(failures)
         elif unfinished:  # never `completed` with a lane that was not

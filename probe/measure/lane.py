@@ -43,6 +43,7 @@ from probe.steady import (
 )
 
 FLUSH_NS = 250_000_000  # events reach the coordinator at least this often
+STOPPED_WITHIN_S = 1.0  # a pipeline failure this close to a stop is the stop's doing
 TREND_CHECK_GROWTH = 1.5  # a window is tested for a trend each time it has grown by half
 CONSUMER_ALONE_MAX_S = 10.0
 # The consumer alone has no pipeline to settle (its tuning is done before): shorter windows.
@@ -133,9 +134,30 @@ def lane_main(setup: LaneSetup, commands: Any, messages: Any, stop_run: Any, sto
             messages.put(("consumer", lane, job.job, alone))
             ended = _measure(job, setup, consumer, messages, stop_run, stop_all, parent)
         except BaseException as error:
-            messages.put(("failed", lane, job.job, _failure(error, job)))
+            if _stopping(stop_all):  # a failure the stop caused: a stop, and what came is kept
+                messages.put(("ended", lane, job.job, {"stopped": True}))
+            else:
+                messages.put(("failed", lane, job.job, _failure(error, job)))
         else:
             messages.put(("ended", lane, job.job, ended))
+
+
+def _stopping(stop_all: Any) -> bool:
+    """Whether the lane is being stopped. A signal that stops a job (torchrun's SIGTERM to the
+    rank's process group, a Ctrl-C) reaches the pipeline's workers as well: a loader that
+    fails on its workers' deaths has met the stop, maybe a moment before this process's own
+    handler saw it."""
+    return bool(stop_all.wait(STOPPED_WITHIN_S))
+
+
+def _next_unless_stopped(batches: Iterator[Batch], stop_all: Any) -> Batch | None:
+    """The next batch; None where the pipeline failed because the lane is being stopped."""
+    try:
+        return next(batches)
+    except Exception:
+        if not _stopping(stop_all):
+            raise
+        return None
 
 
 def _failure(error: BaseException, job: Measure | None = None) -> dict[str, Any]:
@@ -176,17 +198,17 @@ def _measure(
             interrupted = stop_all.is_set() or os.getppid() != parent
             timer.ask()
             cpu_asked = time.process_time_ns(), time.thread_time_ns()
-            batch = None if interrupted else next(batches)
+            batch = None if interrupted else _next_unless_stopped(batches, stop_all)
             if batch is not None:
                 timer.got()
             epoch = len(pipeline.starts) - 1
             measured = window.events
             whole = not by_epoch or not measured or epoch != measured[-1].epoch
             stopping = stopping or stop_run.is_set()
-            if interrupted or capped or (stopping and whole):  # the time limit is kept
+            if batch is None or capped or (stopping and whole):  # the time limit is kept
                 messages.put(("batches", lane, job.job, pending))
                 return {
-                    "stopped": interrupted,
+                    "stopped": batch is None,
                     "capped": capped,
                     "skipped_files": len(pipeline.skipped_files),
                     "build_s": build_s,

@@ -39,6 +39,7 @@ from probe.measure.samplers.host import HostSampler, pid_alive
 from probe.measure.samplers.nvml import GpuSampler
 from probe.records import LaneRecord, RunRecord, RunStatus
 from probe.store.db import Store
+from probe.store.spool import tidy
 
 
 def run_probe(
@@ -132,7 +133,7 @@ class Lanes:
                 input (a shard that yields nothing); the run is recorded, as failed.
         """
         hostname = socket.gethostname()
-        store.mark_abandoned_runs(hostname, pid_alive)
+        tidy(store, hostname, pid_alive)
         gpu_uuids = [plan.device.uuid for plan in config.lanes if plan.device is not None]
         gpus = GpuSampler(gpu_uuids) if gpu_uuids and config.sample_hz > 0 else None
         run = RunRecord(

@@ -21,6 +21,7 @@ import click
 
 from pipelines import Backend, InputError
 from pipelines.sample_data import DEFAULT_SAMPLE, SampleParams, make_sample_dataset
+from probe.measure.distributed import RanksLost
 from probe.present import console, measuring, stored
 from probe.present.options import Flag, LaneArgs, PipelineArgs, flags
 from probe.store.connection import StoreBusy, StoreFailed
@@ -458,7 +459,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InputError as error:
         click.echo(f"error: {error}", err=True)
         return EXIT_USAGE
-    except (StoreBusy, StoreFailed) as error:  # the machine failed, not the user's input
+    except (StoreBusy, StoreFailed, RanksLost) as error:  # the machine failed, not the input
         click.echo(f"error: {error}", err=True)
         return measuring.EXIT_FAILED
     except sqlite3.DatabaseError as error:  # met in the store's rows, where no statement named it

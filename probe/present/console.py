@@ -24,6 +24,7 @@ from pipelines.sample_data import DEFAULT_SAMPLE, default_dataset_ready, ensure_
 from probe.judge.diagnosis import RunDiagnosis
 from probe.judge.results import Session, SessionKind
 from probe.measure.bench import BenchResult, bench_pipeline, describe_settings
+from probe.measure.stop import Stop
 from probe.present import doctor_tables, tables, terminal
 from probe.present.options import decimal
 from probe.present.progress import progress_line
@@ -81,12 +82,17 @@ def on_terminal() -> bool:
 
 
 @contextmanager
-def stopping_on_signals(stop: threading.Event) -> Iterator[None]:
-    """Ctrl-C and SIGTERM set `stop` (the run ends cleanly) instead of killing the process."""
+def stopping_on_signals(stop: threading.Event, quiet: bool = False) -> Iterator[None]:
+    """Ctrl-C and SIGTERM set `stop` (the run ends cleanly) instead of killing the process; a
+    `Stop` is told which signal it was. `quiet`: no word of it here (a torchrun rank's signal
+    may be torchrun passing on another rank's death: the rank says at its end what it was)."""
 
     def handle(signum: int, _: Any) -> None:
-        if not stop.is_set():
-            err.print(f"{signal.Signals(signum).name}: stopping, keeping what was recorded")
+        name = signal.Signals(signum).name
+        if not stop.is_set() and not quiet:
+            err.print(f"{name}: stopping, keeping what was recorded")
+        if isinstance(stop, Stop):
+            stop.ask(f"stopped by {name}")
         stop.set()
 
     previous = {signum: signal.signal(signum, handle) for signum in (signal.SIGINT, signal.SIGTERM)}

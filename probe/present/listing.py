@@ -16,6 +16,7 @@ from probe.present.tables import headline, pipeline_only, recommendation_text
 from probe.records import RunRecord, RunStatus
 from probe.store.db import Store
 from probe.store.documents import lane_figures_of
+from probe.store.spool import tidy
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,7 @@ def session_rows(store: Store, limit: int = 200) -> list[SessionRow]:
 def run_rows(store: Store, limit: int = 500) -> list[RunRow]:
     """The newest runs with their headline figures: the lanes' stored figures, or for a lane
     that stored none (running, or killed), those of its events so far."""
-    store.mark_abandoned_runs(socket.gethostname(), pid_alive)
+    tidy(store, socket.gethostname(), pid_alive)
     out = []
     for run in store.runs()[:limit]:
         lanes = store.lanes(run.run_id)
@@ -118,5 +119,5 @@ def run_rows(store: Store, limit: int = 500) -> list[RunRow]:
 
 def running_runs(store: Store) -> list[RunRecord]:
     """Runs in progress now (those whose probe process is gone are marked interrupted)."""
-    store.mark_abandoned_runs(socket.gethostname(), pid_alive)
+    tidy(store, socket.gethostname(), pid_alive)
     return [run for run in store.runs() if run.status is RunStatus.RUNNING]

@@ -5,9 +5,10 @@ failed, EXIT_INTERRUPTED where it was stopped (what it recorded is kept).
 
 from __future__ import annotations
 
+import os
 import shlex
+import socket
 import sqlite3
-import threading
 import time
 from collections.abc import Collection, Sequence
 from dataclasses import asdict, replace
@@ -27,6 +28,7 @@ from pipelines import (
 )
 from pipelines.loader import cuda_device_count
 from probe.measure.bench import BenchResult
+from probe.measure.stop import Stop
 from probe.present import console, tables, terminal
 from probe.present.jsontext import json_text
 from probe.present.options import (
@@ -47,7 +49,7 @@ from probe.store.documents import read_run
 
 if TYPE_CHECKING:
     from probe.measure.config import ProbeConfig  # imported where used: it brings torch
-    from probe.measure.distributed import Rank
+    from probe.measure.distributed import Ending, Rank
 
 STARTED = time.monotonic()  # the command's start: a session's budget counts from it
 
@@ -207,7 +209,7 @@ def run(
     config, store = prepare(pipeline, lanes, db, backend, batches, duration, label)
     config = replace(config, metrics_port=metrics_port)
     console.announce(config, bool(lanes.gpus), store)
-    stop = threading.Event()
+    stop = Stop()
     with console.stopping_on_signals(stop), console.live_lanes() as update:
         run_id = run_probe(
             config,
@@ -247,6 +249,8 @@ def _run_ranked(
     metrics_port: int | None = None,
 ) -> int:
     """`probe run` as one rank of a torchrun launch."""
+    from torch.distributed import DistError
+
     from probe.measure import distributed
     from probe.measure.config import new_run_id
     from probe.measure.runner import run_probe
@@ -281,27 +285,56 @@ def _run_ranked(
         if rank.rank == 0:
             console.announce(config, bool(lanes.gpus), store)
         run_id = distributed.shared_run_id(rank, new_run_id)
-        stop = threading.Event()
+        stop = Stop()
         show = rank.rank == 0 and console.on_terminal()
-        with console.stopping_on_signals(stop), console.live_lanes(show) as update:
-            failures = distributed.run_ranked(
+        with console.stopping_on_signals(stop, quiet=True), console.live_lanes(show) as update:
+            ending = distributed.run_ranked(
                 rank,
-                lambda local, run_id: run_probe(config, local, stop=stop, run_id=run_id,
+                lambda spool, run_id: run_probe(config, spool, stop=stop, run_id=run_id,
                                                 on_update=update),
                 store,
                 run_id,
+                stop,
                 gather=gather,
             )  # fmt: skip
+    except DistError as error:  # a collective with a rank that is gone
+        raise distributed.RanksLost(
+            f"rank {rank.rank}: lost the job's other ranks: {error}"
+        ) from None
     finally:
         distributed.disconnect()
-    for failure in failures:
-        console.say(f"not recorded: {failure}")
+    if not ending.whole:
+        return _ended_apart(rank, store, ending)
     if rank.rank == 0 and (code := _finish_run(store, run_id, as_json)):
         return code
     store.close()
-    where = "rank 0's store" if gather else str(store.path)
+    where = "rank 0's store" if ending.gathered else str(store.path)
     console.err.print(f"rank {rank.rank}: lane {rank.rank} of run {run_id} recorded in {where}")
     return 0
+
+
+def _ended_apart(rank: Rank, store: Store, ending: Ending) -> int:
+    """A job that did not end whole: one line from the first living rank of each node, naming
+    each rank that went wrong and what the node's store keeps; exit 1 where a rank failed or
+    was lost, else that of the stop."""
+    from probe.measure.distributed import RankState
+
+    document = read_run(store, ending.run_id)
+    store.close()
+    mine = next(lane for lane in document.lanes if lane.lane == rank.rank)
+    here = socket.gethostname()
+    me = RankState(rank.rank, here, os.getpid(), mine.status, mine.reason, time.time())
+    ranks = sorted([me, *ending.others.values()], key=lambda state: state.rank)
+    if rank.rank == min(r.rank for r in ranks if r.host == here and not r.lost):
+        wrong = [f"rank {r.rank} {r.what()}" for r in ranks if r.gone_wrong]
+        wrong += [f"rank {r.rank} {r.what().split(',')[0]}" for r in ranks if r.knock_on]
+        kept = ", ".join(str(lane.lane) for lane in document.lanes)
+        console.say(
+            f"run {document.run_id} {document.status}: {'; '.join(wrong)}; lanes {kept} "
+            f"recorded in {store.path} (`probe show {document.run_id}`)"
+        )
+    failed = any(r.lost or r.state == RunStatus.FAILED.value for r in ranks)
+    return EXIT_FAILED if failed else exit_code(document.status)
 
 
 def sweep(
@@ -341,7 +374,7 @@ def sweep(
         f"each until images/s is known within {config.precision:.0%}; budget {budget:g} s; "
         f"store: {store.path}"
     )
-    with console.stopping_on_signals(stop := threading.Event()):
+    with console.stopping_on_signals(stop := Stop()):
         session = run_sweep(config, knob, settings, budget, store, stop=stop,
                              on_event=console.narrate, started=started)  # fmt: skip
     store.close()
@@ -407,7 +440,7 @@ def doctor(
         f"reading where it matters, and a verification{scaled}; each point until images/s is "
         f"known within {config.precision:.0%}; budget {budget:g} s; store: {store.path}"
     )
-    with console.stopping_on_signals(stop := threading.Event()):
+    with console.stopping_on_signals(stop := Stop()):
         session = run_doctor(
             config, settings, baseline, threads, budget, store, stop=stop,
             on_event=console.narrate, started=started, scaling=scaling,

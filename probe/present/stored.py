@@ -17,6 +17,7 @@ from probe.present.measuring import EXIT_FAILED
 from probe.store.db import Store
 from probe.store.documents import read_run
 from probe.store.merge import export_run, import_run
+from probe.store.spool import tidy
 
 REPORT_FORMATS = {".html": "html", ".htm": "html", ".md": "md", ".json": "json"}
 
@@ -28,7 +29,7 @@ def runs(db: Path | None, as_json: bool, limit: int) -> int:
     from probe.present.listing import session_rows
 
     with Store(db, create=db is None) as store:
-        store.mark_abandoned_runs(socket.gethostname(), pid_alive)
+        tidy(store, socket.gethostname(), pid_alive)
         documents = [read_run(store, r.run_id) for r in store.runs()[:limit]]
         sessions = [] if as_json else session_rows(store, limit)
     if as_json:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from probe.records import (
+    STOPPED_FOR,
     BatchEvent,
     GpuSample,
     HostSample,
@@ -108,11 +109,9 @@ def settle_run(store: Store, run_id: str) -> None:
             RunStatus.FAILED,
             [f"lane {x.lane} failed: {x.reason}" for x in failed],
         )
-    elif stopped:
-        status, reasons = (
-            RunStatus.INTERRUPTED,
-            [f"lane {stopped[0].lane}: {stopped[0].reason}"],
-        )
+    elif stopped:  # the lane that stopped first of itself says why
+        first = min(stopped, key=lambda x: (x.reason or "").startswith(STOPPED_FOR))
+        status, reasons = RunStatus.INTERRUPTED, [f"lane {first.lane}: {first.reason}"]
     else:
         status, reasons = RunStatus.COMPLETED, []
     if missing:
