@@ -182,7 +182,12 @@ def test_the_lanes_timelines_mark_the_slowest_lane_of_each_interval() -> None:
     assert titles == ["lane 0: cpu, shard 0/2", "lane 1: cpu, shard 1/2", charts.SLOWEST_TITLE]
     marks = {trace.name: list(trace.x) for trace in figure.data if trace.mode == "markers"}
     assert marks == {"slowest: lane 0": [1.5, 2.5], "slowest: lane 1": [0.5]}
-    strip = [trace for trace in figure.data if trace.mode == "markers"]
+    # the worst rank's data-wait, each interval's highest, in %: the tie at 3.5 s too
+    (worst,) = [trace for trace in figure.data if trace.name == charts.WORST_WAIT]
+    assert (list(worst.x), list(worst.y)) == ([0.5, 1.5, 2.5, 3.5], [40.0, 50.0, 60.0, 0.0])
+    heights = {trace.name: list(trace.y) for trace in figure.data if trace.mode == "markers"}
+    assert heights == {"slowest: lane 0": [50.0, 60.0], "slowest: lane 1": [40.0]}
+    strip = [trace for trace in figure.data if trace.mode in ("markers", "lines")]
     assert {trace.yaxis for trace in strip} == {"y3"}
     assert figure.layout.xaxis3.title.text == charts.TIME_AXIS  # the strip shares the time axis
     assert figure.layout.xaxis.matches == "x3"

@@ -1,7 +1,8 @@
 """Run: one run, its lanes on one time axis, its diagnosis, config and host, exports.
 
 Under the lanes table, where each image's CPU time goes (where the lanes timed their stages);
-under the lanes' timelines of a run of several, which lane waited most for data, and how often.
+in the lanes' timelines of a run of several, the worst rank's data-wait and which lane it was,
+and under them how often each lane was.
 """
 
 from __future__ import annotations

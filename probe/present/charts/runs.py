@@ -1,7 +1,7 @@
-"""A run's figures: its lanes' data-wait against GPU busy-ness, throughput and latency, the
-latency histogram, GPUs and CPU per core, over the run's time; the timelines shade its start-up
-and warm-up (`run_phases`), which their figures leave out. The sentence under the lanes'
-timelines is made here too (`slowest_line`).
+"""A run's figures: its lanes' data-wait against GPU busy-ness, and on several lanes the worst
+rank's data-wait, throughput and latency, the latency histogram, GPUs and CPU per core, over the
+run's time; the timelines shade its start-up and warm-up (`run_phases`), which their figures
+leave out. The sentence under the lanes' timelines is made here too (`slowest_line`).
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ from probe.store.series import (
 CAPACITY_COLOR = "#fd8d3c"  # the pipeline's (its workers' stages are oranges)
 CAPACITY_WAIT = "waiting for data % (no consumer)"
 TIME_AXIS = "seconds since the run started"
-SLOWEST_TITLE = "slowest lane per interval (the highest data-wait; DDP waits for it)"
-SLOWEST_SPAN = 30  # px per lane of the slowest-lane strip
+SLOWEST_TITLE = "the worst rank's data-wait per interval, marked by its lane (DDP waits for it)"
+WORST_WAIT = f"{DATA_WAIT.label}, worst rank %"
+SLOWEST_HEIGHT = 160  # px of the worst rank's row
 STARTUP, WARMUP = "start-up", "warm-up"
 PHASE_COLORS = {STARTUP: "rgba(110,110,110,0.14)", WARMUP: "rgba(230,160,0,0.16)"}
 STARTUP_AND_WARMUP = "start-up and warm-up"  # where the lanes' warm-up lengths are not known
@@ -106,8 +107,11 @@ def lane_timelines(
 ) -> go.Figure:
     """Per lane, on one time axis: data-wait (the share of each interval spent waiting for
     data) against the lane's GPU busy-ness, both in %. Starvation shows as red up where blue
-    is down. With two lanes or more, a strip under them marks, for each interval, the lane that
-    waited most (`slowest_lanes`). The run's start-up and warm-up (`run_phases`) are shaded.
+    is down. With two lanes or more, a row under them draws, for each interval, the highest
+    data-wait of any lane and marks which lane it was (`slowest_lanes`): the worst rank's
+    data-wait, the `max` over a job's ranks of what Prometheus gives each as
+    `rate(feedscope_data_wait_seconds_total)` over it plus `rate(feedscope_step_seconds_total)`.
+    The run's start-up and warm-up (`run_phases`) are shaded.
     A run with no consumer (`pipeline_only`) waits by design: its wait is drawn in the
     pipeline's colour, as its capacity at work, not in the alarm's."""
     gpus = {gpu.uuid: gpu for gpu in series.gpus}
@@ -117,7 +121,7 @@ def lane_timelines(
     heights = [200] * lane_rows
     titles = [lane.label for lane in series.lanes] or [""]
     if slowest is not None:
-        heights.append(SLOWEST_SPAN * len(series.lanes))
+        heights.append(SLOWEST_HEIGHT)
         titles.append(SLOWEST_TITLE)
     figure = make_subplots(
         rows=rows,
@@ -150,7 +154,8 @@ def lane_timelines(
                 figure.add_trace(trace, row=row, col=1)
         figure.update_yaxes(range=[0, 105], title_text="%", row=row, col=1)
     if slowest is not None:
-        _slowest_strip(figure, series, slowest, rows)
+        color = CAPACITY_COLOR if pipeline_only else WAIT_COLOR
+        _slowest_strip(figure, series, slowest, rows, color)
     _mark_phases(figure, phases, rows)
     figure.update_xaxes(title_text=TIME_AXIS, row=rows, col=1)
     figure.update_xaxes(range=series.span_s)
@@ -162,37 +167,42 @@ def lane_timelines(
     return layout(figure, title, height=200 * lane_rows + 100 + strip_px)
 
 
-def _slowest_strip(figure: go.Figure, series: RunSeries, slowest: SlowestLanes, row: int) -> None:
-    """A row of one category per lane: a mark at each interval where that lane was the
-    slowest, in the lane's colour (as in the throughput chart)."""
-    names = [f"lane {lane.lane}" for lane in series.lanes]
-    intervals = list(zip(slowest.t_s, slowest.lane, slowest.data_wait_frac, strict=True))
+def _slowest_strip(
+    figure: go.Figure, series: RunSeries, slowest: SlowestLanes, row: int, color: str
+) -> None:
+    """The worst rank's data-wait per interval, in %, in `color`, and at each interval a mark
+    in the colour of the lane it was (as in the throughput chart); an interval where no lane
+    waited more than the others has its figure and no mark."""
+    worst = [DATA_WAIT.scale * w for w in slowest.data_wait_frac]
+    figure.add_trace(
+        go.Scatter(
+            x=values(slowest.t_s),
+            y=values(worst),
+            mode="lines",
+            name=WORST_WAIT,
+            line={"color": color, "width": 1},
+            hoverinfo="skip",
+        ),
+        row=row,
+        col=1,
+    )
+    intervals = list(zip(slowest.t_s, slowest.lane, worst, strict=True))
     for index, lane in enumerate(series.lanes):
         marked = [(t_s, wait) for t_s, slow, wait in intervals if slow == lane.lane]
+        name = f"lane {lane.lane}"
         figure.add_trace(
             go.Scatter(
                 x=values([t for t, _ in marked]),
-                y=[names[index]] * len(marked),
-                customdata=values([DATA_WAIT.scale * w for _, w in marked]),
+                y=values([w for _, w in marked]),
                 mode="markers",
-                marker={"symbol": "square", "size": 9, "color": PALETTE[index % len(PALETTE)]},
-                name=f"slowest: {names[index]}",
-                showlegend=False,
-                hovertemplate=f"{names[index]} the slowest: data-wait %{{customdata:.1f}}%"
-                "<extra></extra>",
+                marker={"symbol": "square", "size": 7, "color": PALETTE[index % len(PALETTE)]},
+                name=f"slowest: {name}",
+                hovertemplate=f"{name} the slowest: {DATA_WAIT.label} %{{y:.1f}}%<extra></extra>",
             ),
             row=row,
             col=1,
         )
-    figure.update_yaxes(
-        type="category",
-        categoryorder="array",
-        categoryarray=names,
-        range=[len(names) - 0.5, -0.5],  # lane 0 on top, as the rows above
-        fixedrange=True,
-        row=row,
-        col=1,
-    )
+    figure.update_yaxes(range=[0, 105], title_text="%", row=row, col=1)
 
 
 def slowest_line(slowest: SlowestLanes) -> str:
