@@ -126,6 +126,11 @@ DATA_WAIT = Metric(
     "data_wait_frac", "data-wait", "%", Source.BATCHES, digits=1, scale=100.0, across=Across.WORST
 )
 LATENCY = Metric("batch_latency_ms", "batch latency", "ms", Source.BATCHES, 1, across=Across.WORST)
+# The share of a rank's step spent waiting at DDP's all-reduce for a rank that waits for data
+# (`probe.judge.evidence.held_share`).
+HELD = Metric(
+    "held_frac", "step waiting for another rank", "%", Source.BATCHES, 1, 100.0, Across.WORST
+)
 # The CPU of a lane's processes (its loader's workers or threads included), in % of one core,
 # over its measured batches' time (`lane_figures`).
 CPU = Metric("cpu_pct", "CPU cores", "cores", Source.PSUTIL, 1, scale=0.01, across=Across.SUM)

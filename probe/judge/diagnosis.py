@@ -16,7 +16,14 @@ from probe.judge.knee import SweepAnalysis
 from probe.judge.recommend import recommend, set_aside
 from probe.judge.results import Session, SessionKind, read_session
 from probe.judge.thresholds import Severity
-from probe.judge.verdicts import Verdict, VerdictKind, judge_lane, judge_lanes, rank
+from probe.judge.verdicts import (
+    Verdict,
+    VerdictKind,
+    held_lanes,
+    judge_lane,
+    judge_lanes,
+    rank,
+)
 from probe.records import RunRecord, RunStatus
 from probe.steady import Estimate
 from probe.store.db import Store
@@ -79,8 +86,9 @@ def judge_run(
     sweep: SweepAnalysis | None = None,
 ) -> RunDiagnosis:
     """A run's diagnosis from its lanes' facts."""
-    lanes = tuple(judge_lane(f) for f in facts)
-    findings = tuple(judge_lanes(facts, lanes))
+    own = [judge_lane(f) for f in facts]
+    findings = tuple(judge_lanes(facts, own))
+    lanes = tuple(held_lanes(facts, own))
     partial = status is not RunStatus.COMPLETED or any(v.partial for v in lanes)
     candidates = [*lanes, *findings]
     if not candidates:

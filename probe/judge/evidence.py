@@ -11,6 +11,7 @@ from probe.judge.facts import LaneFacts
 from probe.judge.thresholds import (
     CPU_SATURATED_PCT,
     DATALOADER_THREADS,
+    IN_STEP,
     STEAL_MOVES_PCT,
     STEP_CPU_SHARE,
     STEP_SLOWED,
@@ -417,6 +418,23 @@ def slower_step(facts: LaneFacts) -> float | None:
     if slower <= sum(float(e) for e in errors if e is not None) or slower < STEP_SLOWED * alone_ms:
         return None
     return float(slower / alone_ms)
+
+
+def held_share(waiting: LaneFacts, holding: LaneFacts) -> float | None:
+    """The share of `waiting`'s step spent waiting at DDP's all-reduce for `holding`: its mean
+    step less `holding`'s own (the step both have in common: `holding` reaches the all-reduce
+    last and waits for nobody), over its mean step. None where a figure is not measured, where
+    its step is not longer, or where the two do not run in step: an all-reduce gives both the
+    same batch time, so that `waiting`'s step is longer by what `holding` waits longer for
+    data; batch times apart by IN_STEP of that or more are lanes that wait for nobody (a
+    probe's lanes, each its own loop)."""
+    step, own = waiting.step_ms_mean, holding.step_ms_mean
+    batch, held_batch = waiting.batch_ms_mean, holding.batch_ms_mean
+    if step is None or own is None or batch is None or held_batch is None or step <= own:
+        return None
+    if abs(batch - held_batch) >= IN_STEP * (step - own):
+        return None
+    return (step - own) / step
 
 
 def gpu_sharing_evidence(facts: LaneFacts) -> list[Evidence]:

@@ -83,6 +83,14 @@ class LaneFacts:
         return self.batch_size * 3 * self.image_size**2 * item / 2**20
 
     @property
+    def batch_ms_mean(self) -> float | None:
+        """Its measured batches' mean time, wait plus step (None: none measured)."""
+        figures = self.figures
+        if not figures.batches or figures.seconds <= 0:
+            return None
+        return figures.seconds / figures.batches * 1e3
+
+    @property
     def cores_per_lane(self) -> float:
         return self.host_cpus / max(1, self.lanes_on_host)
 

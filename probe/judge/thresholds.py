@@ -23,6 +23,12 @@ PAST_PEAK = 0.05  # larger settings this far below the best are oversubscribed
 DALI_WORTH_IT = 0.15  # a DALI migration must gain at least 15% over the DataLoader ...
 DALI_FREES_WORTH_IT = 0.25  # ... unless it frees this share of the cores: then any gain will do
 IMBALANCE = 0.15  # lanes' images/s differing by more than this share of the fastest
+# A rank that spends this share of its step waiting for another rank's data is held by it
+# (below it, what ranks' steps differ by on their own, a clock or a noisy host, can explain it).
+HELD_SHARE = 0.10
+# Ranks run in step (DDP's all-reduce keeps them) where their batch times differ by less than
+# this share of what one's step is longer than the other's: what the holding rank waits longer.
+IN_STEP = 0.25
 STEP_STALL = 1.5  # mean step over median step: steps stall (the loop waits for CPU too)
 STEP_SLOWED = 0.05  # a step this much slower under the loader's load than alone: a finding
 # A DataLoader worker's own busy threads: its loop, and its queue's feeder thread (busy handing

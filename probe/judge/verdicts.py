@@ -1,11 +1,13 @@
 """Verdicts: whether a lane starves and why (`judge_lane`), and what only several lanes show
-(`judge_lanes`: shard imbalance, loaders sharing too few cores, epoch starts besides another
-cause). Pure functions of `LaneFacts`; each verdict carries the evidence it rests on."""
+(`judge_lanes`: shard imbalance, the rank that holds the job, loaders sharing too few cores,
+epoch starts besides another cause; `held_lanes`: the ranks it holds). Pure functions of
+`LaneFacts`; each verdict carries the evidence it rests on."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from enum import Enum
 from typing import Any
 
@@ -18,6 +20,7 @@ from probe.judge.evidence import (
     gpu_evidence,
     gpu_sharing,
     gpu_sharing_evidence,
+    held_share,
     host_load_evidence,
     loader_threads,
     memory_evidence,
@@ -37,6 +40,7 @@ from probe.judge.facts import LaneFacts
 from probe.judge.thresholds import (
     CPU_SATURATED_PCT,
     EPOCH_START_SHARE,
+    HELD_SHARE,
     IMBALANCE,
     IOWAIT_BOUND_PCT,
     MAIN_THREAD_BOUND_PCT,
@@ -45,7 +49,7 @@ from probe.judge.thresholds import (
     Severity,
     severity_of,
 )
-from probe.metrics import CPU, DATA_WAIT, IMAGES_PER_S, NVJPG
+from probe.metrics import CPU, DATA_WAIT, HELD, IMAGES_PER_S, NVJPG
 from probe.records import RunStatus
 from probe.steady import MIN_JUDGED_BLOCKS, Estimate
 
@@ -62,6 +66,8 @@ class VerdictKind(str, Enum):
     DALI_DECODER_SATURATED = "dali_decoder_saturated"
     DALI_THREADS_SATURATED = "dali_threads_saturated"
     SHARD_IMBALANCE = "shard_imbalance"
+    RANK_HOLDS_JOB = "rank_holds_job"
+    HELD_BY_RANK = "held_by_rank"
     SHARED_CORES = "shared_cores"
     EPOCH_START_STALL = "epoch_start_stall"
     HOST_BUSY = "host_busy"
@@ -104,6 +110,13 @@ TITLES = {
     VerdictKind.DALI_DECODER_SATURATED: "starved: the hardware JPEG decoder is saturated",
     VerdictKind.DALI_THREADS_SATURATED: "starved: DALI's CPU threads are saturated",
     VerdictKind.SHARD_IMBALANCE: "shard imbalance: some GPUs wait for the slowest",
+    VerdictKind.RANK_HOLDS_JOB: (
+        "one rank holds the job: the other ranks wait for its data at the all-reduce"
+    ),
+    VerdictKind.HELD_BY_RANK: (
+        "held by another rank: its step waits at the all-reduce for that rank's data, "
+        "not for its own compute"
+    ),
     VerdictKind.SHARED_CORES: "several lanes' loaders share too few cores",
     VerdictKind.EPOCH_START_STALL: (
         "starved at epoch starts: the loader's prefetch drains at every epoch's end"
@@ -340,6 +353,7 @@ def judge_lanes(facts: Sequence[LaneFacts], verdicts: Sequence[Verdict]) -> list
     """What only several lanes show, and epoch starts that cost a lane besides another cause."""
     return [
         *_across_lanes(facts, verdicts),
+        *_holding_findings(facts, verdicts),
         *_epoch_findings(facts, verdicts),
         *(found for fact in facts for found in _host_findings(fact)),
     ]
@@ -384,14 +398,16 @@ def _host_findings(facts: LaneFacts) -> list[Verdict]:
     return out
 
 
-def rank(verdict: Verdict) -> tuple[int, int, float]:
+def rank(verdict: Verdict) -> tuple[int, int, int, float]:
     """The order of verdicts, worst last: untrusted figures (nothing else can be judged then),
-    then by severity, then by data-wait."""
+    then by severity, then the rank that holds the job before its own lane's verdict (the same
+    data-wait: the job's pace is what the run is about), then by data-wait."""
     order = {Severity.HIGH: 3, Severity.MODERATE: 2, Severity.NONE: 1}
     known = 0 if verdict.kind is VerdictKind.UNKNOWN else 1
     return (
         (0 if verdict.reliable else 1),
         order[verdict.severity] * 2 + known,
+        (1 if verdict.kind is VerdictKind.RANK_HOLDS_JOB else 0),
         (verdict.data_wait_frac or 0.0),
     )
 
@@ -468,3 +484,113 @@ def _across_lanes(facts: Sequence[LaneFacts], verdicts: Sequence[Verdict]) -> li
         wait = max(f.figures.data_wait_frac or 0.0 for f in starved)
         out.append(Verdict(VerdictKind.SHARED_CORES, severity_of(wait), wait, evidence))
     return out
+
+
+@dataclass(frozen=True)
+class Holding:
+    """A rank whose data-wait holds the job, its own verdict, and each rank it holds with the
+    share of that rank's step spent waiting for it (`held_share`)."""
+
+    rank: LaneFacts
+    verdict: Verdict
+    held: tuple[tuple[LaneFacts, float], ...]
+
+
+def holding_rank(facts: Sequence[LaneFacts], verdicts: Sequence[Verdict]) -> Holding | None:
+    """The rank that holds the job, where one does. Under DDP each step ends at the gradient
+    all-reduce, which waits for the last rank to reach it: one rank's slow loader makes every
+    rank wait, and shows as its data-wait while the others show little data-wait and a long
+    step, all at one images/s (which `SHARD_IMBALANCE` compares). It is the judged rank that
+    waits most for data, input-bound itself (`severity_of`), holding at least one other: a
+    rank in step with it whose data-wait is below its own beyond both errors, and that spends
+    HELD_SHARE of its step or more waiting for it. Ranks that wait alike hold nobody."""
+    judged = [
+        (fact, verdict)
+        for fact, verdict in zip(facts, verdicts, strict=True)
+        if fact.figures.batches
+        and fact.consumer != "none"
+        and verdict.kind is not VerdictKind.UNKNOWN
+    ]
+    if len(judged) < 2:
+        return None
+    top, own = max(judged, key=lambda item: item[0].figures.data_wait_frac or 0.0)
+    wait = top.figures.data_wait_frac or 0.0
+    if severity_of(wait) is Severity.NONE:
+        return None
+    held = []
+    for fact, _ in judged:
+        share = None if fact.lane == top.lane else held_share(fact, top)
+        errors = (fact.figures.data_wait_frac_error or 0.0, top.figures.data_wait_frac_error or 0.0)
+        below = wait - (fact.figures.data_wait_frac or 0.0)
+        if share is not None and share >= HELD_SHARE and below > math.hypot(*errors):
+            held.append((fact, share))
+    return Holding(top, own, tuple(held)) if held else None
+
+
+def held_lanes(facts: Sequence[LaneFacts], verdicts: Sequence[Verdict]) -> list[Verdict]:
+    """The lanes' verdicts, with each rank held by another (`holding_rank`) told so where its
+    own verdict calls it fed: the wait in its step is not its compute."""
+    holding = holding_rank(facts, verdicts)
+    if holding is None:
+        return list(verdicts)
+    shares = {fact.lane: share for fact, share in holding.held}
+    severity = severity_of(holding.rank.figures.data_wait_frac)
+    out = []
+    for fact, verdict in zip(facts, verdicts, strict=True):
+        share = shares.get(fact.lane)
+        if share is None or verdict.kind is not VerdictKind.FED:
+            out.append(verdict)
+            continue
+        evidence = (_held_evidence(fact, share, holding.rank), wait_evidence(fact))
+        out.append(
+            replace(verdict, kind=VerdictKind.HELD_BY_RANK, severity=severity, evidence=evidence)
+        )
+    return out
+
+
+def _holding_findings(facts: Sequence[LaneFacts], verdicts: Sequence[Verdict]) -> list[Verdict]:
+    """The rank that holds the job (`holding_rank`): how much more it waits for data than the
+    others, the share of their steps spent waiting for it, and where its fix lies."""
+    holding = holding_rank(facts, verdicts)
+    if holding is None:
+        return []
+    top = holding.rank
+    wait = top.figures.data_wait_frac
+    others = [f for f in facts if f.lane != top.lane and f.figures.batches]
+    most = max(f.figures.data_wait_frac or 0.0 for f in others)
+    paced = Evidence(
+        DATA_WAIT.name,
+        wait,
+        f"rank {_named(top, facts)} waits for data "
+        f"{DATA_WAIT.text(wait, top.figures.data_wait_frac_error)} of its time, the other "
+        f"ranks at most {DATA_WAIT.text(most)}: under DDP its loader sets every rank's pace",
+    )
+    held = [_held_evidence(fact, share, top) for fact, share in holding.held]
+    compared = ", ".join(f"rank {fact.lane}'s" for fact, _ in holding.held)
+    fix = Evidence(
+        "rank",
+        float(top.lane),
+        f"the fix is rank {top.lane}'s loader (its own verdict: {holding.verdict.title}): its "
+        f"shard, its host's cores, its disk and data path, against {compared}; a change to "
+        f"the other ranks gains nothing while rank {top.lane} holds them",
+    )
+    severity = severity_of(wait)
+    return [Verdict(VerdictKind.RANK_HOLDS_JOB, severity, wait, (paced, *held, fix), top.lane)]
+
+
+def _held_evidence(fact: LaneFacts, share: float, top: LaneFacts) -> Evidence:
+    """The share of a rank's step spent waiting for the rank that holds it, and its figures."""
+    text = (
+        f"rank {fact.lane}: {HELD.label} {HELD.text(share)} (rank {top.lane}, at the "
+        f"all-reduce): a mean step of {fact.step_ms_mean or 0:.1f} ms against rank {top.lane}'s "
+        f"own {top.step_ms_mean or 0:.1f} ms, in step ({fact.batch_ms_mean or 0:.1f} and "
+        f"{top.batch_ms_mean or 0:.1f} ms a batch); its own {DATA_WAIT.label} "
+        f"{DATA_WAIT.text(fact.figures.data_wait_frac)}"
+    )
+    return Evidence(HELD.name, share, text)
+
+
+def _named(fact: LaneFacts, facts: Sequence[LaneFacts]) -> str:
+    """A rank's number, with its host where the run has several."""
+    several = len({f.hostname for f in facts}) > 1
+    return f"{fact.lane} on {fact.hostname}" if several else str(fact.lane)
