@@ -30,7 +30,11 @@ import contextlib
 import io
 import math
 import multiprocessing
+import multiprocessing.util
+import os
 import random
+import shutil
+import signal
 import time
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
@@ -429,6 +433,15 @@ def _start_method(asked: str | None) -> str:
     return asked or multiprocessing.get_all_start_methods()[0]
 
 
+def _die_tidily(signum: int, _: Any) -> None:
+    """A worker's SIGTERM (a launcher stopping the job sends it to the whole process group):
+    the worker dies of it as it would, its temporary folder removed first (multiprocessing's,
+    where it serves the tensors it hands over), which dying of the signal itself leaves."""
+    shutil.rmtree(multiprocessing.util.get_temp_dir(), ignore_errors=True)
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
 class _WorkerInit:
     """Each worker's `worker_init_fn`: seeds its augmentation and notes when it was ready, in
     memory shared with the main process (which reads the time its first batch's worker was
@@ -444,6 +457,7 @@ class _WorkerInit:
             info.dataset.rng = random.Random(info.seed)
         # its start is not its batches' cost
         _WORKER_CLOCK[:] = [time.process_time_ns(), _runqueue_wait_ns() or 0]
+        signal.signal(signal.SIGTERM, _die_tidily)
         self._ready[worker_id] = time.monotonic_ns()
 
     def ready_ns(self, started_ns: int, iterated_ns: int) -> int:

@@ -265,14 +265,13 @@ class Peers:
 @dataclass(frozen=True)
 class Ending:
     """How a rank's part of the run ended: the run, the other ranks' states, and where its lane
-    went: `gathered` (to rank 0's store, with every rank's: the job ended whole) or recorded
-    in this node's store with `adopted`, the lanes of this node's lost ranks."""
+    went: `gathered` (to rank 0's store, with every rank's) or recorded in this node's store,
+    with the lanes of this node's lost ranks."""
 
     run_id: str
     others: dict[int, RankState]
-    whole: bool  # every rank ended of itself, and none was stopped
+    whole: bool  # every rank completed
     gathered: bool
-    adopted: tuple[int, ...] = ()
 
 
 def run_ranked(
@@ -286,7 +285,7 @@ def run_ranked(
 ) -> Ending:
     """Runs `measure(spool, run_id)`, this rank's lane, into a spool beside `store`
     (`probe.store.spool`) while the ranks watch each other (`Peers`), then records it. Where
-    every rank ended of itself and none was stopped (`gather`), rank 0 records every rank's
+    every rank completed (and `gather`), rank 0 records every rank's
     lane in its store; otherwise each rank records its own in its node's store, and the lanes
     of this node's lost ranks with it (`probe merge` joins the nodes' stores).
 
@@ -303,7 +302,10 @@ def run_ranked(
                 measure(spool, run_id)
         except InputError as error:
             failure = error
-        lane = _own_lane(path, run_id, rank)
+        except Exception as error:  # the others are told, and stop; its spool is kept
+            peers.publish(state=RunStatus.FAILED.value, reason=f"{type(error).__name__}: {error}")
+            raise
+        lane = _own_lane(path, run_id)
         if lane is None:
             peers.publish(state=RunStatus.FAILED.value, reason=str(failure))
         else:
@@ -313,21 +315,20 @@ def run_ranked(
         whole = lane is not None and lane.status is RunStatus.COMPLETED
         whole = whole and all(o.state == completed and not o.lost for o in others.values())
         gathered = gather and whole and _gather(rank, path, run_id, store)
-        adopted: tuple[int, ...] = ()
         if not gathered:
             if lane is not None:
-                _blame(path, run_id, lane, others)
+                peers.publish(reason=_blame(path, run_id, lane, others))
                 record(store, path)
-            adopted = tuple(_adopt(store, run_id))
+            adopt(store, run_id=run_id)  # the spools of this node's ranks that were lost
             peers.publish(recorded=True)  # the node's ranks wait for each other's lanes
             here = peers.host
             others = peers.settled(lambda other: other.host != here or other.recorded)
     if failure is not None:
         raise failure
-    return Ending(run_id, others, whole, gathered, adopted)
+    return Ending(run_id, others, whole, gathered)
 
 
-def _own_lane(path: Path, run_id: str, rank: Rank) -> LaneRecord | None:
+def _own_lane(path: Path, run_id: str) -> LaneRecord | None:
     """This rank's lane as its spool holds it (None: its run never started)."""
     with Store(path) as spool:
         try:
@@ -336,21 +337,17 @@ def _own_lane(path: Path, run_id: str, rank: Rank) -> LaneRecord | None:
             return None
 
 
-def _blame(path: Path, run_id: str, lane: LaneRecord, others: dict[int, RankState]) -> None:
-    """Names, in this lane's reason, the rank whose death stopped it: torchrun passes a rank's
+def _blame(path: Path, run_id: str, lane: LaneRecord, others: dict[int, RankState]) -> str | None:
+    """This lane's reason, naming the rank whose death stopped it: torchrun passes a rank's
     death on to the others as a SIGTERM, which may come before this rank saw the death."""
     lost = [o for o in others.values() if o.lost]
     knock_on = (lane.reason or "").startswith(STOPPED_FOR)
-    if lane.status is RunStatus.INTERRUPTED and lost and not knock_on:
-        with Store(path) as spool:
-            reason = f"{STOPPED_FOR}{lost[0].rank}, which {lost[0].what()}"
-            spool.update_lane(run_id, lane.lane, reason=reason)
-
-
-def _adopt(store: Store, run_id: str) -> list[int]:
-    """Records the spools of this node's ranks that were lost (their lock is free)."""
-    adopted = adopt(store, run_id=run_id)
-    return sorted(int(p.name.rsplit(".rank", 1)[1].split(".")[0]) for p in adopted)
+    if lane.status is not RunStatus.INTERRUPTED or not lost or knock_on:
+        return lane.reason
+    reason = f"{STOPPED_FOR}{lost[0].rank}, which {lost[0].what()}"
+    with Store(path) as spool:
+        spool.update_lane(run_id, lane.lane, reason=reason)
+    return reason
 
 
 def _gather(rank: Rank, path: Path, run_id: str, store: Store) -> bool:

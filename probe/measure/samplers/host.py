@@ -403,10 +403,16 @@ def tree_cpu_s(pid: int) -> float:
     return total
 
 
-def kill_tree(pid: int) -> None:
-    """Kills the process and its descendants: a worker stuck in the kernel outlives its
-    parent, and keeps what it holds."""
-    for process in _tree(pid):
+def kill_tree(pid: int, grace_s: float = 2.0) -> None:
+    """Ends the process and its descendants: SIGTERM first, which lets them remove what they
+    made (a loader's worker, its temporary folder), then SIGKILL to those still there after
+    `grace_s`: a worker stuck in the kernel outlives its parent, and keeps what it holds."""
+    tree = _tree(pid)
+    for process in tree:
+        with suppress(psutil.Error):
+            process.terminate()
+    _, alive = psutil.wait_procs(tree, timeout=grace_s)
+    for process in alive:
         with suppress(psutil.Error):
             process.kill()
 
