@@ -87,6 +87,11 @@ class RunStatus(str, Enum):
 STOPPED_FOR = "stopped for rank "
 
 
+def stopped_for_another(reason: str | None) -> bool:
+    """Whether a lane's reason says another rank's end stopped it (`STOPPED_FOR`)."""
+    return (reason or "").startswith(STOPPED_FOR)
+
+
 @dataclass(frozen=True)
 class RunRecord:
     run_id: str

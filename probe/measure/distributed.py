@@ -28,7 +28,7 @@ from typing import Any
 from pipelines import InputError
 from probe.measure.samplers.host import pid_alive
 from probe.measure.stop import Stop
-from probe.records import STOPPED_FOR, LaneRecord, RunStatus
+from probe.records import STOPPED_FOR, LaneRecord, RunStatus, stopped_for_another
 from probe.store.db import Store
 from probe.store.merge import export_run, import_run
 from probe.store.spool import adopt, held, record, spool_path
@@ -137,7 +137,7 @@ class RankState:
     @property
     def knock_on(self) -> bool:
         """It was stopped because another rank went wrong."""
-        return self.lost is None and (self.reason or "").startswith(STOPPED_FOR)
+        return self.lost is None and stopped_for_another(self.reason)
 
     @property
     def gone_wrong(self) -> bool:
@@ -145,6 +145,10 @@ class RankState:
         if self.lost:
             return True
         return self.state in ("failed", "interrupted") and not self.knock_on
+
+    def stopped_for(self) -> str:
+        """The reason of a rank this one's going wrong stopped."""
+        return f"{STOPPED_FOR}{self.rank}, which {self.what()}"
 
     def what(self) -> str:
         """What became of it, in words that follow "rank N"."""
@@ -230,7 +234,7 @@ class Peers:
                     continue
                 for other in self.read().values():
                     if other.gone_wrong:
-                        stop.ask(f"{STOPPED_FOR}{other.rank}, which {other.what()}")
+                        stop.ask(other.stopped_for())
                         break
 
         thread = threading.Thread(target=watch, name="feedscope-ranks", daemon=True)
@@ -341,10 +345,9 @@ def _blame(path: Path, run_id: str, lane: LaneRecord, others: dict[int, RankStat
     """This lane's reason, naming the rank whose death stopped it: torchrun passes a rank's
     death on to the others as a SIGTERM, which may come before this rank saw the death."""
     lost = [o for o in others.values() if o.lost]
-    knock_on = (lane.reason or "").startswith(STOPPED_FOR)
-    if lane.status is not RunStatus.INTERRUPTED or not lost or knock_on:
+    if lane.status is not RunStatus.INTERRUPTED or not lost or stopped_for_another(lane.reason):
         return lane.reason
-    reason = f"{STOPPED_FOR}{lost[0].rank}, which {lost[0].what()}"
+    reason = lost[0].stopped_for()
     with Store(path) as spool:
         spool.update_lane(run_id, lane.lane, reason=reason)
     return reason

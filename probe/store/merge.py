@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from probe.records import (
-    STOPPED_FOR,
     BatchEvent,
     GpuSample,
     HostSample,
@@ -21,6 +20,7 @@ from probe.records import (
     RunExport,
     RunRecord,
     RunStatus,
+    stopped_for_another,
 )
 from probe.store import rollups
 from probe.store.db import Store
@@ -110,7 +110,7 @@ def settle_run(store: Store, run_id: str) -> None:
             [f"lane {x.lane} failed: {x.reason}" for x in failed],
         )
     elif stopped:  # the lane that stopped first of itself says why
-        first = min(stopped, key=lambda x: (x.reason or "").startswith(STOPPED_FOR))
+        first = min(stopped, key=lambda x: stopped_for_another(x.reason))
         status, reasons = RunStatus.INTERRUPTED, [f"lane {first.lane}: {first.reason}"]
     else:
         status, reasons = RunStatus.COMPLETED, []

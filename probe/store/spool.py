@@ -25,14 +25,11 @@ from probe.store.db import Store
 from probe.store.documents import lane_figures_from_store
 from probe.store.merge import export_run, import_run
 
-# Why a lane of a spool nobody holds stopped, given when it was last heard of (a wall clock
-# "HH:MM:SS UTC"): its rank died without a word, as only a signal it cannot catch, or a crash,
-# leaves it.
-LostReason = Callable[[RunRecord, LaneRecord, str], str]
-
 
 def died_unseen(run: RunRecord, lane: LaneRecord, last: str) -> str:
-    """A lost lane's reason where nobody saw its rank go."""
+    """The reason of a lane whose spool nobody holds, last heard of at `last` (a wall clock
+    "HH:MM:SS UTC"): its rank died without a word, as only a signal it cannot catch, or a
+    crash, leaves it."""
     return (
         f"rank {lane.lane} died without a word after its last record at {last} (pid "
         f"{run.pid}: SIGKILL, as the OOM killer sends, or a crash; torchrun's summary gives "
@@ -62,13 +59,13 @@ def held(path: Path) -> Iterator[Path]:
         os.close(lock)
 
 
-def record(store: Store, path: Path, lost: LostReason = died_unseen) -> list[int]:
+def record(store: Store, path: Path) -> list[int]:
     """Adds what the spool at `path` holds to `store`, lanes still running marked interrupted
-    (`lost` says why); returns the lanes added. The caller holds the spool."""
+    (`died_unseen`); returns the lanes added. The caller holds the spool."""
     with Store(path) as spool:
         (run,) = spool.runs()
         export = export_run(spool, run.run_id)
-        lanes = [_ended(spool, run, lane, lost) for lane in export.lanes]
+        lanes = [_ended(spool, run, lane) for lane in export.lanes]
     return import_run(store, replace(export, lanes=lanes))
 
 
@@ -83,13 +80,12 @@ def remove(path: Path) -> None:
         path.parent.rmdir()
 
 
-def adopt(store: Store, lost: LostReason = died_unseen, run_id: str | None = None) -> list[Path]:
+def adopt(store: Store, run_id: str | None = None) -> None:
     """Records in `store`, and removes, the spools beside it (of run `run_id` alone, where given)
-    whose rank is gone; returns those it recorded."""
+    whose rank is gone."""
     folder = spool_dir(store.path)
     if store.read_only or not folder.is_dir():
-        return []
-    adopted = []
+        return
     for path in sorted(folder.glob(f"{run_id or '*'}.rank*.db")):
         lock = os.open(_lock_of(path), os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -98,12 +94,10 @@ def adopt(store: Store, lost: LostReason = died_unseen, run_id: str | None = Non
             except BlockingIOError:
                 continue  # its rank holds it: alive
             if path.exists():  # not recorded and removed by another while this one waited
-                record(store, path, lost)
+                record(store, path)
                 remove(path)
-                adopted.append(path)
         finally:
             os.close(lock)
-    return adopted
 
 
 def tidy(store: Store, hostname: str, is_alive: Callable[[int], bool]) -> None:
@@ -119,7 +113,7 @@ def _lock_of(path: Path) -> Path:
     return path.with_name(path.name + ".lock")
 
 
-def _ended(store: Store, run: RunRecord, lane: LaneRecord, lost: LostReason) -> LaneRecord:
+def _ended(store: Store, run: RunRecord, lane: LaneRecord) -> LaneRecord:
     """The lane as recorded, or where it was still running, interrupted, with its figures."""
     if lane.status is not RunStatus.RUNNING:
         return lane
@@ -127,7 +121,10 @@ def _ended(store: Store, run: RunRecord, lane: LaneRecord, lost: LostReason) -> 
     last = _wall(run, span[1] if span else run.started_ns)
     figures = lane_figures_from_store(store, run, lane)
     return replace(
-        lane, status=RunStatus.INTERRUPTED, reason=lost(run, lane, last), summary=figures.to_json()
+        lane,
+        status=RunStatus.INTERRUPTED,
+        reason=died_unseen(run, lane, last),
+        summary=figures.to_json(),
     )
 
 
