@@ -2,7 +2,8 @@
 GPU starves and why, and presents the answer (the `probe` command, reports, and what the
 dashboard reads). One room per step, imports going downward only:
 
-    present/  ->  judge/  ->  measure/  ->  store/  ->  metrics.py, steady.py, records.py
+    present/  ->  judge/  ->  measure/  ->  store/  ->  metrics.py, lane_figures.py, steady.py,
+                                                       records.py
 
 Imports `pipelines`; never `app`. `from probe import watch` records your own training loop, and
 `from probe import FeedscopeCallback` a Lightning Trainer's (the `lightning` extra).

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from probe.metrics import STAGE_BY_NAME, STAGE_TIME, STAGES, LaneFigures, Side
+from probe.lane_figures import LaneFigures
+from probe.metrics import STAGE_BY_NAME, STAGE_TIME, STAGES, Side
 from probe.present import charts
 from probe.present.report import build_report, render, stage_grid
 from probe.store.db import Store

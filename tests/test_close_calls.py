@@ -30,7 +30,8 @@ from probe.judge.doctor.alternation import (
 )
 from probe.judge.doctor.plan import DALI_AHEAD, DALI_FELL_BACK, _dali_fell_back
 from probe.judge.knee import SweepPoint
-from probe.judge.recommend import below_the_answer, dali_recommendation
+from probe.judge.recommend import below_the_answer
+from probe.judge.recommend_dali import dali_recommendation
 from probe.judge.results import InTurn, Skipped, Verification
 from probe.judge.thresholds import Severity
 from probe.judge.verdicts import Verdict, VerdictKind

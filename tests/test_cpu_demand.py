@@ -31,7 +31,7 @@ from probe.judge.diagnosis import diagnose_run, judge_run
 from probe.judge.epochs import in_rounds, rounds_images_per_s
 from probe.judge.facts import HostLoad, LaneFacts, run_facts
 from probe.judge.verdicts import VerdictKind
-from probe.metrics import EpochStartCost, LaneFigures, Reading, lane_figures
+from probe.lane_figures import EpochStartCost, LaneFigures, Reading, lane_figures
 from probe.records import BatchEvent, LaneCpuSample, RunStatus
 from probe.steady import epoch_starts
 from probe.store.db import Store

@@ -46,10 +46,10 @@ from probe.judge.session import (
 )
 from probe.judge.thresholds import Severity
 from probe.judge.verdicts import Verdict, VerdictKind, judge_lane
+from probe.lane_figures import EpochStartCost, LaneFigures
 from probe.measure.config import ProbeConfig, plan_lanes
 from probe.measure.consumers import parse_consumer
 from probe.measure.runner import run_probe
-from probe.metrics import EpochStartCost, LaneFigures
 from probe.records import RunStatus
 from probe.steady import MIN_MEASURE_S
 from probe.store.db import Store

@@ -20,7 +20,7 @@ from probe.judge.model import curve_of
 from probe.judge.recommend import recommend
 from probe.judge.thresholds import Severity
 from probe.judge.verdicts import Verdict, VerdictKind
-from probe.metrics import EpochStartCost, LaneFigures
+from probe.lane_figures import EpochStartCost, LaneFigures
 
 BATCH = 256
 PER_EPOCH = 70  # batches an epoch

@@ -10,7 +10,7 @@ from probe.judge.changes import Knob, Recommendation
 from probe.judge.diagnosis import RunDiagnosis, judge_run
 from probe.judge.facts import HostLoad, LaneFacts
 from probe.judge.verdicts import Verdict, VerdictKind
-from probe.metrics import LaneFigures
+from probe.lane_figures import LaneFigures
 from probe.records import RunStatus
 
 ALONE = {"images_per_s": 3900.0, "step_ms_p50": 33.0, "step_ms_p50_error": 0.4, "batch_size": 128}

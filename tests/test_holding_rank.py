@@ -19,7 +19,8 @@ from probe.judge.diagnosis import diagnose_run, judge_run
 from probe.judge.facts import LaneFacts
 from probe.judge.thresholds import HELD_SHARE
 from probe.judge.verdicts import Verdict, VerdictKind
-from probe.metrics import HELD, lane_figures
+from probe.lane_figures import lane_figures
+from probe.metrics import HELD
 from probe.records import BatchEvent, RunStatus
 from probe.store.db import Store
 

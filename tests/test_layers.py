@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FIRST_PARTY = ("app", "probe", "pipelines")
 
 # probe's layers go downward only: present -> judge -> measure -> store -> base (and pipelines)
-BASE = ("probe.metrics", "probe.steady", "probe.records", "pipelines.*")
+BASE = ("probe.metrics", "probe.lane_figures", "probe.steady", "probe.records", "pipelines.*")
 STORE = ("probe.store.*", *BASE)
 MEASURE = ("probe.measure.*", *STORE)
 JUDGE = ("probe.judge.*", *MEASURE)
@@ -30,7 +30,7 @@ LAYERS: list[tuple[tuple[str, ...], tuple[str, ...]]] = [
     (("probe.judge.*",), JUDGE),
     (("probe.measure.*",), MEASURE),
     (("probe.store.*",), STORE),
-    (BASE[:3], BASE),
+    (BASE[:4], BASE),
 ]
 
 # One door per outside API (ruff's banned-api in pyproject.toml; it exempts a file from every

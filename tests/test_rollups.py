@@ -30,7 +30,7 @@ from helpers import probe_cli
 from pipelines.sample_data import SampleParams, make_sample_dataset
 from probe.judge.diagnosis import diagnose_run, judge_run
 from probe.judge.facts import run_facts
-from probe.metrics import LaneFigures, Reading, lane_figures
+from probe.lane_figures import LaneFigures, Reading, lane_figures
 from probe.present.report import build_report, render
 from probe.records import (
     BatchEvent,

@@ -17,7 +17,7 @@ from probe.judge.results import DALI, TORCH, Session, SessionKind
 from probe.judge.scaling import checked_counts, dali_at, predict, torch_at
 from probe.judge.thresholds import Severity
 from probe.judge.verdicts import Verdict, VerdictKind
-from probe.metrics import LaneFigures
+from probe.lane_figures import LaneFigures
 from probe.present.doctor_tables import scaling_grid, scaling_lines
 from probe.present.tables import diagnosis_lines, job_scope
 from probe.records import RunStatus

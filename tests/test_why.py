@@ -24,7 +24,7 @@ from probe.judge.diagnosis import diagnose_run
 from probe.judge.evidence import cores_evidence
 from probe.judge.facts import LaneFacts
 from probe.judge.verdicts import VerdictKind
-from probe.metrics import LaneFigures
+from probe.lane_figures import LaneFigures
 from probe.store.db import Store
 
 CPU = ["--gpus", "none", "--batch-size", "16"]

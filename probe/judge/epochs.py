@@ -13,7 +13,8 @@ from dataclasses import replace
 from probe.judge.changes import Change, Knob, Recommendation, workers
 from probe.judge.facts import LaneFacts
 from probe.judge.thresholds import KNEE_WITHIN, LONGER_EPOCHS
-from probe.metrics import CPU_PER_IMAGE, IMAGES_PER_S, EpochStartCost
+from probe.lane_figures import EpochStartCost
+from probe.metrics import CPU_PER_IMAGE, IMAGES_PER_S
 
 # The share of a lane's stall that a fix takes away (None: it cannot be told).
 _Removes = Callable[[EpochStartCost], float | None]

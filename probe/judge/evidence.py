@@ -146,7 +146,7 @@ def cpu_demand_evidence(facts: LaneFacts) -> list[Evidence]:
 
 
 def time_split_evidence(facts: LaneFacts) -> list[Evidence]:
-    """Where a loop read epoch by epoch spent its wall time (`probe.metrics.TimeSplit`): the
+    """Where a loop read epoch by epoch spent its wall time (`probe.lane_figures.TimeSplit`): the
     windows between epoch starts and tails, the starts, the tails and the time outside the
     loop's iteration."""
     split, start = facts.figures.time_split, facts.figures.epoch_start

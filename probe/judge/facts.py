@@ -16,7 +16,8 @@ from probe.judge.thresholds import (
     OTHER_LOAD_SHARE,
     STEAL_MOVES_PCT,
 )
-from probe.metrics import LaneFigures, per_device
+from probe.lane_figures import LaneFigures
+from probe.metrics import per_device
 from probe.records import LaneRecord, RunRecord
 from probe.store.db import Store
 from probe.store.documents import lane_figures_of

@@ -21,7 +21,8 @@ from probe.judge.dali_run import DaliRun
 from probe.judge.knee import SweepAnalysis, SweepPoint
 from probe.judge.model import Curve
 from probe.judge.verdicts import Verdict
-from probe.metrics import EpochStartCost, against
+from probe.lane_figures import EpochStartCost
+from probe.metrics import against
 from probe.records import RunStatus
 from probe.steady import Estimate, margin
 from probe.store.db import Store

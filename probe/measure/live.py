@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from pipelines import InputError
-from probe.metrics import Reading
+from probe.lane_figures import Reading
 from probe.records import BatchEvent, LaneCpuSample, RunRecord
 from probe.steady import EpochStartTally
 

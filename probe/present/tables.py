@@ -16,6 +16,7 @@ from probe.judge.results import EpochsRun, Session, SessionKind
 from probe.judge.thresholds import KNEE_WITHIN, Severity
 from probe.judge.verdicts import Verdict, VerdictKind
 from probe.judge.verdicts import rank as verdict_rank
+from probe.lane_figures import LaneFigures
 from probe.metrics import (
     CPU,
     DATA_WAIT,
@@ -23,7 +24,6 @@ from probe.metrics import (
     KERNEL_ACTIVE,
     LATENCY,
     NVJPG,
-    LaneFigures,
     against_text,
     busy_metric,
     per_device,

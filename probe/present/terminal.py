@@ -15,8 +15,9 @@ from rich.console import Console, ConsoleOptions, RenderResult
 from rich.table import Table
 
 from probe.judge.results import Scaling, Session
+from probe.lane_figures import LaneFigures
 from probe.measure.bench import BenchResult
-from probe.metrics import DATA_WAIT, IMAGES_PER_S, LaneFigures
+from probe.metrics import DATA_WAIT, IMAGES_PER_S
 from probe.present.doctor_tables import dali_grid, scaling_grid
 from probe.present.listing import SessionRow
 from probe.present.tables import (

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from pipelines import InputError
-from probe.metrics import GPU_COLUMNS, LaneFigures
+from probe.lane_figures import LaneFigures
+from probe.metrics import GPU_COLUMNS
 from probe.records import (
     BatchEvent,
     GpuSample,

@@ -1,5 +1,5 @@
 """A stored run read as one typed document: its record, its lanes and their figures
-(`probe.metrics.LaneFigures`), and its run-level figures by the rule of `probe.metrics`.
+(`probe.lane_figures.LaneFigures`), and its run-level figures by the rule of `probe.metrics`.
 
 `read_run` is what the judging and presenting layers read; `RunDocument.to_json()` is the run's
 JSON (schema `feedscope.run/1`), made only where it leaves the program: `--json`, reports, the
@@ -28,16 +28,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from probe.metrics import (
-    CPU,
-    DATA_WAIT,
-    IMAGES_PER_S,
-    LaneFigures,
-    Percentiles,
-    Reading,
-    errors_added,
-    lane_figures,
-)
+from probe.lane_figures import LaneFigures, Reading, lane_figures
+from probe.metrics import CPU, DATA_WAIT, IMAGES_PER_S, Percentiles, errors_added
 from probe.records import LaneRecord, RunRecord
 from probe.steady import MAX_BLOCKS, block_batches, steady_ratio
 from probe.store.db import Store

@@ -22,15 +22,12 @@ from probe.judge.evidence import Evidence, gpu_sharing, gpu_sharing_evidence, me
 from probe.judge.facts import run_facts
 from probe.judge.knee import SweepAnalysis, SweepPoint
 from probe.judge.model import Curve
-from probe.judge.recommend import (
-    below_the_answer,
+from probe.judge.recommend import below_the_answer, one_each, recommend_measured, set_aside
+from probe.judge.recommend_dali import (
     dali_advice,
     dali_gain_needed,
     dali_recommendation,
     dali_worth_it,
-    one_each,
-    recommend_measured,
-    set_aside,
 )
 from probe.judge.results import EpochsRun, Verification
 from probe.judge.session import Points, WarmSession, point_of, with_change
