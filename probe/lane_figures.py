@@ -82,6 +82,9 @@ class LaneFigures:
     sm_active_source: str | None = None  # "gpm" or "nvml" (see `busy_metric`)
     kernel_active_pct: float | None = None
     sm_occupancy_pct: float | None = None
+    # The SM activity of its steps: `sm_active_pct` over the batches' time, less their waits
+    # (the GPU taken as idle while the loop waits for data), at most 100 (None: not measured).
+    step_sm_active_pct: float | None = None
     nvjpg_pct: float | None = None
     memory_used_mib: float | None = None
     cpu_pct: float | None = None  # the lane's processes, % of one core, over the batches' time
@@ -241,6 +244,11 @@ def lane_figures(
     sm_active = _mean(s.sm_active_pct for s in gpu)
     kernel_active = _mean(s.kernel_active_pct for s in gpu)
     source = "gpm" if sm_active is not None else "nvml" if kernel_active is not None else None
+    busy_in_batches = _over_batches(
+        gpu, spans, lambda s: s.sm_active_pct if source == "gpm" else s.kernel_active_pct
+    )
+    step_s = sum(e.step_s for e in measured)
+    step_share = step_s / sum(batch_seconds(e) for e in measured) if step_s > 0 else 0.0
     cpu = _covering(cpu_samples, start_ns, end_ns)
     return LaneFigures(
         warmup_batches=counts.warmup_batches,
@@ -262,6 +270,9 @@ def lane_figures(
         sm_active_source=source,
         kernel_active_pct=kernel_active,
         sm_occupancy_pct=_mean(s.sm_occupancy_pct for s in gpu),
+        step_sm_active_pct=None
+        if busy_in_batches is None or step_share <= 0
+        else min(100.0, busy_in_batches / step_share),
         nvjpg_pct=_mean(s.nvjpg_pct for s in gpu),
         memory_used_mib=max(
             (s.memory_used_mib for s in gpu if s.memory_used_mib is not None), default=None
@@ -317,21 +328,22 @@ def _covering(samples: Sequence[_Timed], start_ns: int, end_ns: int) -> list[_Ti
 
 
 def _over_batches(
-    samples: Sequence[LaneCpuSample],
+    samples: Sequence[_Timed],
     spans: Sequence[tuple[int, int]],
-    value: Callable[[LaneCpuSample], float],
+    value: Callable[[_Timed], float | None],
 ) -> float | None:
     """The mean of `value` over the time of `spans` (the measured batches' [request, end], in
     order): each sample covers the interval since the sample before it (the first, one as long
     as the next one's) and weighs what of that interval the batches hold; a lone sample covers
     it all. Time outside the batches (a loop's validation between epochs) weighs nothing."""
-    if len(samples) < 2:
-        return value(samples[0]) if samples else None
-    times = [s.t_ns for s in samples]
+    kept: list[_Timed] = [s for s in samples if value(s) is not None]
+    if len(kept) < 2:
+        return value(kept[0]) if kept else None
+    times: list[int] = [s.t_ns for s in kept]
     begins = [2 * times[0] - times[1], *times[:-1]]
     held_s = weighted = 0.0
     first = 0  # the first span that may end after the interval's beginning
-    for sample, begin, end in zip(samples, begins, times, strict=True):
+    for sample, begin, end in zip(kept, begins, times, strict=True):
         while first < len(spans) and spans[first][1] <= begin:
             first += 1
         held, at = 0, first
@@ -339,7 +351,7 @@ def _over_batches(
             held += max(0, min(end, spans[at][1]) - max(begin, spans[at][0]))
             at += 1
         held_s += held
-        weighted += held * value(sample)
+        weighted += held * (value(sample) or 0.0)
     return weighted / held_s if held_s > 0 else None
 
 

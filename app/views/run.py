@@ -7,6 +7,7 @@ and under them how often each lane was.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -14,10 +15,12 @@ import streamlit as st
 
 from app import common
 from probe import InputError
+from probe.judge.changes import Recommendation
 from probe.judge.diagnosis import RunDiagnosis
 from probe.metrics import DATA_WAIT, IMAGES_PER_S
 from probe.present import charts as figures
 from probe.present import launch
+from probe.present.offer import migrate_offer
 from probe.present.options import like_values, reproduce_command
 from probe.present.tables import (
     PIPELINE_ONLY_WAIT,
@@ -138,6 +141,16 @@ def like_offer(doc: RunDocument) -> None:
         st.switch_page("views/live.py")
 
 
+def migrate_lines(doc: RunDocument, recommendations: Sequence[Recommendation]) -> None:
+    """Where DALI is the answer for a watched DataLoader: the command that writes its DALI
+    loader, and the line of the script to change."""
+    offer = migrate_offer(doc, recommendations)
+    if offer is not None:
+        st.markdown("**Move this loader to DALI**")
+        st.code(offer.command, language="bash")
+        st.caption(offer.change)
+
+
 @common.page
 def main() -> None:
     st.title("Run")
@@ -155,6 +168,7 @@ def main() -> None:
     diagnosis(view["diagnosis"], row["session_id"], job_scope(run_devices(doc)))
     if doc.kind == "watch":
         like_offer(doc)
+        migrate_lines(doc, view["diagnosis"].recommendations)
 
     series = view["series"]
     if series is None or not any(lane.t_s for lane in series.lanes):

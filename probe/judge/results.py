@@ -344,6 +344,7 @@ class Session:
     verify: Verification | None = None
     curve: Curve | None = None  # the DataLoader's predicted curve, from its first point's run
     scaling: Scaling | None = None  # on several lanes: the job on 1 to N of them
+    like: str | None = None  # the watched run a doctor measured like (`--like`)
 
     def predicted(self, setting: int) -> float | None:
         """The curve's images/s at `setting` (None without a curve, or for DALI threads)."""
@@ -393,6 +394,7 @@ class Session:
             "status": self.status.value,
             "reason": self.reason,
             "created": self.created,
+            **({"like": self.like} if self.like else {}),
         }
         points = [p.to_json(self.knob) for p in self.points]
         knee = None if self.knee is None else self.knee.to_json(self.knob)
@@ -469,6 +471,7 @@ class Session:
             run_ids=tuple(document["run_ids"]),
             precision=document.get("precision"),
             startup_s=document.get("startup_s"),
+            like=document.get("like"),
             consumer_alone=document.get("consumer_alone"),
             pipeline=document.get("pipeline"),
             read=document.get("read"),

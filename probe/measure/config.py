@@ -27,7 +27,7 @@ from pipelines import (
 )
 from pipelines.dataset import read_order, shard
 from pipelines.spec import bytes_text
-from probe.measure.consumers import ConsumerSpec, model_note
+from probe.measure.consumers import ConsumerSpec, consumer_note
 from probe.measure.devices import CudaDevice, cuda_devices
 from probe.measure.distributed import Rank
 from probe.measure.lane import Read
@@ -224,7 +224,7 @@ def config_dict(config: ProbeConfig, checked: Checked) -> dict[str, Any]:
         "pipeline": config.backend.value,
         "spec": config.spec.as_dict(),
         "consumer": str(config.consumer),
-        "consumer_note": model_note(config.consumer),
+        "consumer_note": consumer_note(config.consumer),
         "read": config.read.value,
         "warmup": "auto" if config.warmup is None else config.warmup,
         "batches": config.batches,

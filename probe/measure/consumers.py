@@ -1,8 +1,15 @@
 """What eats the batches: nothing, a fixed step time, or a real training step.
 
-`parse_consumer` checks the text a user gives (`none`, `sleep:MS`, `model:NAME`) without
-importing torch; `build_consumer` makes the consumer inside a lane. A step returns once its work
-is done on the device, so the time it takes is the step's real time.
+`parse_consumer` checks the text a user gives (`none`, `sleep:MS`, `sleep:MS@SM%`,
+`model:NAME`) without importing torch; `build_consumer` makes the consumer inside a lane. A step
+returns once its work is done on the device, so the time it takes is the step's real time.
+
+`sleep:MS@SM%` stands in for a training step that was measured: its time, and the share of it
+its kernels held the SMs. A training step's kernels leave SMs and gaps that DALI's kernels (its
+decoder's CUDA part, resize, normalize) run in; a step of back-to-back matrix products that fill
+every SM for all of its time leaves them none, and DALI's GPU work then waits for the step's end
+(on one H100, DALI fed 1,756 images/s to such a 50.9 ms step and 2,480 to ResNet-18's own). So
+the step is cut into slices of a few milliseconds, each busy for its share and idle for the rest.
 """
 
 from __future__ import annotations
@@ -15,13 +22,16 @@ from enum import Enum
 from typing import TYPE_CHECKING, Protocol
 
 from pipelines import Batch, InputError
-from probe.measure.devices import device_sync
+from probe.measure.devices import device_spin, device_sync
 
 if TYPE_CHECKING:
     import torch
 
 BUILTIN_MODEL = "small-resnet"
-USAGE = "none, sleep:MS (a fixed step of MS milliseconds) or model:NAME (e.g. model:resnet50)"
+USAGE = (
+    "none, sleep:MS (a fixed step of MS milliseconds, its GPU busy throughout), sleep:MS@SM% "
+    "(busy SM% of it, as a measured step was) or model:NAME (e.g. model:resnet50)"
+)
 
 
 class ConsumerKind(str, Enum):
@@ -37,17 +47,19 @@ class ConsumerSpec:
     kind: ConsumerKind
     step_ms: float | None = None
     model: str | None = None
+    sm_pct: float | None = None  # the share of the step its GPU work holds the SMs (None: all)
 
     def __str__(self) -> str:
         if self.kind is ConsumerKind.SLEEP:
-            return f"sleep:{self.step_ms:g}"
+            held = "" if self.sm_pct is None else f"@{self.sm_pct:g}%"
+            return f"sleep:{self.step_ms:g}{held}"
         if self.kind is ConsumerKind.MODEL:
             return f"model:{self.model}"
         return "none"
 
 
 def parse_consumer(text: str) -> ConsumerSpec:
-    """Reads `none`, `sleep:MS` or `model:NAME`.
+    """Reads `none`, `sleep:MS`, `sleep:MS@SM%` or `model:NAME`.
 
     Raises:
         InputError: anything else, with what is accepted.
@@ -56,13 +68,20 @@ def parse_consumer(text: str) -> ConsumerSpec:
     if kind == "none" and not argument:
         return ConsumerSpec(ConsumerKind.NONE)
     if kind == "sleep":
+        length, at, held = argument.partition("@")
         try:
-            step_ms = float(argument)
+            step_ms = float(length)
+            sm_pct = float(held.removesuffix("%")) if at else None
         except ValueError:
-            raise InputError(f"sleep:MS needs a number of milliseconds (got {text!r})") from None
+            raise InputError(
+                f"sleep:MS needs a number of milliseconds, and sleep:MS@SM% a percentage "
+                f"(got {text!r})"
+            ) from None
         if not 0 < step_ms <= 60_000:
             raise InputError(f"sleep:MS needs 0 < MS <= 60000 (got {text!r})")
-        return ConsumerSpec(ConsumerKind.SLEEP, step_ms=step_ms)
+        if sm_pct is not None and not 0 < sm_pct <= 100:
+            raise InputError(f"sleep:MS@SM% needs 0 < SM <= 100 (got {text!r})")
+        return ConsumerSpec(ConsumerKind.SLEEP, step_ms=step_ms, sm_pct=sm_pct)
     if kind == "model" and argument:
         return ConsumerSpec(ConsumerKind.MODEL, model=argument)
     raise InputError(f"unknown consumer {text!r}: use {USAGE}")
@@ -77,7 +96,7 @@ def check_model(spec: ConsumerSpec) -> None:
     if spec.kind is not ConsumerKind.MODEL or spec.model == BUILTIN_MODEL:
         return
     if importlib.util.find_spec("torchvision") is None:
-        return  # replaced by the built-in model: model_note says so
+        return  # replaced by the built-in model: consumer_note says so
     import torchvision
 
     if spec.model not in torchvision.models.list_models():
@@ -85,8 +104,18 @@ def check_model(spec: ConsumerSpec) -> None:
         raise InputError(f"torchvision has no model {spec.model!r} (some it has: {known}, ...)")
 
 
-def model_note(spec: ConsumerSpec) -> str | None:
-    """What a model consumer will really run, when that is not what was asked for."""
+def consumer_note(spec: ConsumerSpec) -> str | None:
+    """What a consumer stands for where that needs saying: a model replaced by the built-in
+    one; a stand-in for a watched step (`sleep:MS@SM%`), with how far the job may run from it."""
+    if spec.kind is ConsumerKind.SLEEP and spec.sm_pct is not None and spec.step_ms:
+        work = spec.step_ms * spec.sm_pct / 100
+        return (
+            f"a stand-in for a watched step: {spec.step_ms:g} ms, its SMs busy {spec.sm_pct:g}% "
+            f"of it ({work:.1f} ms of GPU work), as the job's kernels held them; the step as the "
+            "job ran it, its loader's load beside it (its workers' CPU, its batches' copy to the "
+            "GPU): a loader that frees those may shorten it toward its GPU work, so where the "
+            f"step holds a figure here the job may run up to {spec.step_ms / work:.1f}x it"
+        )
     if spec.kind is not ConsumerKind.MODEL or spec.model == BUILTIN_MODEL:
         return None
     if importlib.util.find_spec("torchvision") is None:
@@ -112,9 +141,9 @@ def build_consumer(spec: ConsumerSpec, device: int | None, num_classes: int) -> 
         return _Nothing()
     if spec.kind is ConsumerKind.SLEEP:
         assert spec.step_ms is not None  # parse_consumer guarantees it
-        return (
-            _Sleep(spec.step_ms / 1000) if device is None else _GpuBusy(spec.step_ms / 1000, device)
-        )
+        if device is None:
+            return _Sleep(spec.step_ms / 1000)
+        return _GpuBusy(spec.step_ms / 1000, device, (spec.sm_pct or 100.0) / 100)
     assert spec.model is not None
     return _TrainStep(spec.model, device, num_classes)
 
@@ -135,26 +164,39 @@ class _Sleep:
 
 
 class _GpuBusy:
-    """A fixed step time on a GPU that really occupies it: bf16 matrix products, as many as
-    take the step time (calibrated when made), then waiting for them."""
+    """A fixed step time on a GPU that really occupies it, for `busy` of it: the step is cut
+    into slices of about `SLICE_S`; in each, bf16 matrix products fill the SMs for `busy` of the
+    slice, then one thread spins on the device for the rest (the stream stays in use, its SMs
+    free); then the step waits for them. Calibrated when made."""
 
-    SIDE = 4096
+    SIDE = 2048  # a product of about 30 us on an H100: the grain of a training step's kernels
+    SLICE_S = 0.002
 
-    def __init__(self, seconds: float, device: int) -> None:
+    def __init__(self, seconds: float, device: int, busy: float = 1.0) -> None:
         import torch
 
         self.device = torch.device("cuda", device)
         self._wait = device_sync(device)
+        self._spin = device_spin(device)
         shape = (self.SIDE, self.SIDE)
         self.a = torch.randn(shape, device=self.device, dtype=torch.bfloat16)
         self.b = torch.randn(shape, device=self.device, dtype=torch.bfloat16)
         self.out = torch.empty(shape, device=self.device, dtype=torch.bfloat16)
-        self._products(10)  # warm-up: cuBLAS picks its kernel, the clocks rise
-        per_product = self._time(lambda: self._products(20)) / 20
-        self.repeats = max(1, round(seconds / per_product))
+        self._products(20)  # warm-up: cuBLAS picks its kernel, the clocks rise
+        per_product = self._time(lambda: self._products(100)) / 100
+        slices = max(1, round(seconds / self.SLICE_S)) if busy < 1 else 1
+        products = max(1, round(seconds * busy / per_product))
+        self.plan = [products // slices + (k < products % slices) for k in range(slices)]
+        idle_s = max(0.0, seconds - products * per_product) / slices
+        cycles = 10_000_000
+        per_cycle = self._time(lambda: self._spin(cycles)) / cycles
+        self.idle_cycles = round(idle_s / per_cycle) if busy < 1 else 0
 
     def step(self, batch: Batch) -> None:
-        self._products(self.repeats)
+        for products in self.plan:
+            self._products(products)
+            if self.idle_cycles:
+                self._spin(self.idle_cycles)
         self._wait()
 
     def _products(self, count: int) -> None:

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from pipelines import DaliOptions
+from probe.measure.recipe import recipe_of
 
 # A dataset's attributes that may list its files: torchvision's DatasetFolder, then lists.
 _FILE_LISTS = ("samples", "imgs", "files")
@@ -30,6 +33,7 @@ def describe(iterable: Any) -> tuple[str, dict[str, Any]]:
         workers = int(getattr(iterable, "num_workers", 0))
         return "torch", {
             **data_of(getattr(iterable, "dataset", None)),
+            "recipe": {**recipe_of(iterable), **loop_site(iterable)},
             "batch_size": getattr(iterable, "batch_size", None),
             "dataloader": {
                 "num_workers": workers,
@@ -54,6 +58,35 @@ def describe(iterable: Any) -> tuple[str, dict[str, Any]]:
         "data_dir": f"{type_name(iterable)} ({NOT_KNOWN})", "batch_size": None,
         "dataloader": {}, "dali": {},
     }  # fmt: skip
+
+
+# Frames that are not the user's loop: feedscope's own, the loaders', the interpreter's
+_OURS = str(Path(__file__).resolve().parents[1])
+_NOT_THE_LOOP = tuple(f"{os.sep}{name}{os.sep}" for name in ("torch", "nvidia", "lightning"))
+
+
+def loop_site(iterable: Any) -> dict[str, Any]:
+    """Where the user's code iterates `iterable`: its file and the line of its loop (the first
+    frame out of feedscope and the loaders), and the name the loader has where it is made (the
+    outermost of the user's frames that holds it: `val_loader` in `main`, not `loader` in the
+    function it is passed to); what cannot be read is left out."""
+    try:
+        site: dict[str, Any] = {}
+        frame: Any = sys._getframe(1)
+        while frame is not None:
+            if not _not_the_loop(frame.f_code.co_filename):
+                if not site:
+                    site = {"file": frame.f_code.co_filename, "line": frame.f_lineno}
+                names = [k for k, v in frame.f_locals.items() if v is iterable and k != "self"]
+                site["variable"] = names[0] if names else site.get("variable")
+            frame = frame.f_back
+        return site
+    except Exception:  # never break training
+        return {}
+
+
+def _not_the_loop(filename: str) -> bool:
+    return filename.startswith((_OURS, "<")) or any(part in filename for part in _NOT_THE_LOOP)
 
 
 def dali_decoder(pipe: Any) -> tuple[str | None, float | None]:

@@ -139,6 +139,18 @@ def select_gpus(text: str | None, devices: list[CudaDevice]) -> list[CudaDevice]
     return [by_index[i] for i in indices]
 
 
+def device_spin(device: int) -> Callable[[int], None]:
+    """A function that queues, on the device's current stream, one thread spinning for a number
+    of clock cycles: the stream stays in use while its SMs are free for other streams' kernels."""
+    import torch
+
+    def spin(cycles: int) -> None:
+        with torch.cuda.device(device):
+            torch.cuda._sleep(cycles)  # type: ignore[no-untyped-call]
+
+    return spin
+
+
 def device_sync(device: int | None) -> Callable[[], None]:
     """A function that waits until the work queued on the device's current stream is done.
 

@@ -431,6 +431,46 @@ def watch(db: Path | None, name: str | None, warmup: str, sample_hz: float,
 
 
 @cli.command()
+@_store_option
+@click.argument("run_id", metavar="RUN")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="The module to write.  [default: dali_loader.py]",
+)
+@click.option(
+    "--threads",
+    type=click.IntRange(min=1),
+    default=None,
+    help="DALI's CPU threads.  [default: the setting measured best for this job]",
+)
+@click.option(
+    "--hw-decoder-load",
+    type=click.FloatRange(0, 1),
+    default=None,
+    help="The share of JPEGs to the hardware decoder.  [default: as --threads]",
+)
+@click.option("--force", is_flag=True, help="Write over a file that is there.")
+def migrate(
+    db: Path | None,
+    run_id: str,
+    output: Path | None,
+    threads: int | None,
+    hw_decoder_load: float | None,
+    force: bool,
+) -> int:
+    """Write a DALI loader for a watched DataLoader (RUN: its id, a unique start of it, or
+    `last`): a module your script imports in place of its loader, with the DALI setting
+    measured best for the job (`probe doctor --like RUN`). A transform it cannot move is
+    named, and nothing is written."""
+    from probe.present.migrating import migrate as write
+
+    return write(db, run_id, output, threads, hw_decoder_load, force)  # fmt: skip
+
+
+@cli.command()
 @click.argument(
     "sources",
     metavar="DB...",

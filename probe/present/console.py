@@ -26,6 +26,7 @@ from probe.judge.results import Session, SessionKind
 from probe.measure.bench import BenchResult, bench_pipeline, describe_settings
 from probe.measure.stop import Stop
 from probe.present import doctor_tables, tables, terminal
+from probe.present.offer import migrate_offer
 from probe.present.options import decimal
 from probe.present.progress import progress_line
 from probe.present.tables import run_notes
@@ -247,6 +248,8 @@ def print_run(document: RunDocument, diagnosis: RunDiagnosis) -> None:
             diagnosis.findings,
         )
     )
+    offer = migrate_offer(document, diagnosis.recommendations)
+    print_lines(offer.lines if offer else [])
 
 
 def print_session(session: Session) -> None:

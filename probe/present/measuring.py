@@ -69,8 +69,9 @@ EXIT_FAILED, EXIT_INTERRUPTED = 1, 130
 
 def _like(
     db: Path | None, run_id: str, pipeline: PipelineArgs, lanes: LaneArgs, given: Collection[str]
-) -> tuple[PipelineArgs, LaneArgs]:
-    """The doctor's flags, as the run `run_id` ran (`like_values`) where `given` sets none."""
+) -> tuple[str, PipelineArgs, LaneArgs]:
+    """The run `run_id` names (its whole id), and the doctor's flags as it ran (`like_values`)
+    where `given` sets none."""
     with Store(db, create=db is None) as store:
         document = read_run(store, store.run(run_id).run_id)
     values = {k: v for k, v in like_values(document).items() if k not in given}
@@ -78,6 +79,7 @@ def _like(
     read = f"; the job read {files:,} files of it" if files else ""
     console.err.print(f"like run {document.run_id}: {shlex.join(argv('doctor', values))}{read}")
     return (
+        document.run_id,
         replace(pipeline, **{k: v for k, v in values.items() if hasattr(pipeline, k)}),
         replace(lanes, **{k: v for k, v in values.items() if hasattr(lanes, k)}),
     )
@@ -403,7 +405,7 @@ def doctor(
     from probe.judge.knee import ladder
 
     if like is not None:
-        pipeline, lanes = _like(db, like, pipeline, lanes, given)
+        like, pipeline, lanes = _like(db, like, pipeline, lanes, given)
     if lanes.read != "stream":
         raise InputError(
             "--read: the doctor reads your setting both ways itself (as one stream, and epoch "
@@ -443,7 +445,7 @@ def doctor(
     with console.stopping_on_signals(stop := Stop()):
         session = run_doctor(
             config, settings, baseline, threads, budget, store, stop=stop,
-            on_event=console.narrate, started=started, scaling=scaling,
+            on_event=console.narrate, started=started, scaling=scaling, like=like,
         )  # fmt: skip
     store.close()
     if as_json:

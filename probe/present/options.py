@@ -29,6 +29,7 @@ from pipelines import (
     check_backend,
 )
 from pipelines.sample_data import default_sample_dir
+from probe.lane_figures import LaneFigures
 from probe.steady import MAX_MEASURE_S, PRECISION, STALL_FLOOR_S, STALL_TIMES
 from probe.store.documents import RunDocument
 
@@ -521,10 +522,19 @@ def reproduce_command(
     return shlex.join(words + argv("run", values))
 
 
+def stand_in(figures: LaneFigures) -> str:
+    """The consumer that stands in for a watched lane's step: its median time, and the share of
+    it its kernels held the SMs where that was measured (`sleep:MS@SM%`; else every SM, the
+    whole step: `sleep:MS`)."""
+    held = figures.step_sm_active_pct
+    step = f"sleep:{decimal(figures.step_ms_p50 or 0.0)}"
+    return step if held is None or held >= 100 else f"{step}@{held:.0f}%"
+
+
 def like_values(document: RunDocument) -> dict[str, Any]:
     """`probe doctor`'s flag values (by `dest`) that measure like a stored run: a watched job's
     files (the folder they share), batch size, image size, workers or threads, and its slowest
-    lane's median step as the consumer (`sleep:MS`); a probe run's own flags.
+    lane's step as the consumer (`stand_in`); a probe run's own flags.
 
     Raises:
         InputError: the run's dataset names no files that can be read, with what to pass.
@@ -541,7 +551,8 @@ def like_values(document: RunDocument) -> dict[str, Any]:
                 "--data with a class-per-folder copy of its images"
             )
         measured = [lane.figures for lane in document.lanes if lane.figures.batches]
-        steps = [f.step_ms_p50 for f in measured if f.step_ms_p50]
+        slowest = max((f for f in measured if f.step_ms_p50), key=lambda f: f.step_ms_p50 or 0,
+                      default=None)  # fmt: skip
         images = sum(f.images for f in measured)
         loader, dali = spec.get("dataloader", {}), spec.get("dali", {})
         values = {
@@ -552,7 +563,7 @@ def like_values(document: RunDocument) -> dict[str, Any]:
             "workers": loader.get("num_workers"),
             "threads": dali.get("num_threads"),
             "persistent_workers": loader.get("persistent_workers"),
-            "consumer": f"sleep:{decimal(max(steps))}" if steps else None,
+            "consumer": None if slowest is None else stand_in(slowest),
         }
     doctor = {flag.dest for flag in flags("doctor") if flag.group != "command"}
     return {k: v for k, v in values.items() if v is not None and k in doctor - {"read"}}

@@ -28,6 +28,7 @@ from probe.metrics import (
     busy_metric,
     per_device,
 )
+from probe.present.offer import migrate_offer
 from probe.store.documents import LaneDocument, RunBrief, RunDocument
 
 
@@ -542,6 +543,8 @@ def loader_lines(
         if recommendations:
             scope = job_scope(run_devices(document))
             lines.append(f"  first change: {recommendation_text(recommendations[0], scope)}")
+        offer = migrate_offer(document, recommendations)
+        lines += [f"  {line}" for line in offer.lines] if offer else []
         lines.append(f"  probe show {document.run_id}")
     return lines
 

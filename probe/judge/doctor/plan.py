@@ -52,7 +52,7 @@ from probe.judge.session import (
 from probe.judge.thresholds import KNEE_WITHIN, WAIT_MODERATE
 from probe.judge.verdicts import Verdict, VerdictKind
 from probe.measure.config import ProbeConfig, check_config
-from probe.measure.consumers import model_note
+from probe.measure.consumers import consumer_note
 from probe.measure.lane import Read
 from probe.measure.runner import Lanes
 from probe.metrics import CPU
@@ -86,6 +86,7 @@ def run_doctor(
     on_event: OnEvent = lambda kind, payload: None,
     started: float | None = None,
     scaling: bool = False,
+    like: str | None = None,
 ) -> Session:
     """The whole diagnosis: your setting, then DALI or the worker search (in order of the gain
     they may bring), the epoch reading, the verdict, the recommendations, the verification;
@@ -99,6 +100,7 @@ def run_doctor(
         baseline_workers: your setting, whose run the verdict is about.
         dali_threads: DALI's threads where its search starts.
         started: when the budget started counting (the command's start); default now.
+        like: the watched run whose job the session measured like (`probe doctor --like`).
 
     Raises:
         InputError: the budget cannot fit one trustworthy point, or no lane could read a batch
@@ -117,8 +119,8 @@ def run_doctor(
         heading: dict[str, Any] = {
             "kind": SessionKind.DOCTOR, "session_id": session.session_id,
             "created": session.created, "consumer": str(base.consumer), "budget_s": budget_s,
-            "precision": base.precision, "consumer_note": model_note(base.consumer),
-            "lanes": len(base.lanes),
+            "precision": base.precision, "consumer_note": consumer_note(base.consumer),
+            "lanes": len(base.lanes), "like": like,
             "devices": tuple(
                 "cpu" if p.device is None else f"cuda:{p.device.index}" for p in base.lanes
             ),
