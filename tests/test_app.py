@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -50,6 +51,7 @@ from probe.store.series import run_series, slowest_lanes
 
 PHASES = {STARTUP, WARMUP, STARTUP_AND_WARMUP}  # the shaded spans' labels
 APP = str(Path(__file__).resolve().parents[1] / "app" / "streamlit_app.py")
+MIGRATE_LEASE = Path(__file__).parent / "benchmarks" / "results" / "2026-11-27-migrate" / "lease1"
 
 
 def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:
@@ -394,6 +396,18 @@ def test_a_watched_job_that_names_its_files_is_offered_the_doctor_on_them(
         assert record.argv[-2:] == ["--like", run.run_id]
         launch.stop(store, record.launch_id)
         wait_for(lambda: _launch_ended(store, record.launch_id), 60, "the doctor to stop")
+
+
+def test_a_watched_dataloader_that_dali_answers_is_offered_its_migration(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """pytorch/examples' script watched on one H100 (tests/benchmarks/results): DALI first, so
+    the Run page gives `probe migrate RUN` and the line of the script to change."""
+    db = Path(shutil.copy(MIGRATE_LEASE / "feedscope.db", tmp_path / "feedscope.db"))
+    at = app(monkeypatch, db, "run", run="20261127-221443-8247")
+    no_errors(at)
+    assert "probe migrate 20261127-221443-8247 -o dali_loader.py" in texts(at.code)
+    assert [text for text in texts(at.caption) if "`train_loader = dali_loader.loader()`" in text]
 
 
 def test_the_session_page_gives_the_doctors_answer_and_its_curve(

@@ -608,7 +608,7 @@ def loader(device=None, seed=None, rank=None, world=None):
         num_threads=NUM_THREADS,
         # None: a CPU-only pipeline
         device_id=device.index if on_gpu else None,
-        seed=-1 if seed is None else seed + rank,
+        seed=None if seed is None else seed + rank,
     )
     return Loader(pipeline, DROP_LAST)
 '''
