@@ -204,12 +204,20 @@ class Normalize(torch.nn.Module):
         return (tensor - mean) / std
 
 
+def default_loader(path: str) -> Image.Image:
+    """torchvision's: the file opened with PIL, as RGB."""
+    with Image.open(path) as opened:
+        image: Image.Image = opened.convert("RGB")
+    return image
+
+
 class ImageFolder(torch.utils.data.Dataset[tuple[Any, int]]):
     """torchvision's ImageFolder: classes are the sorted sub-folders, files listed as its
     make_dataset lists them."""
 
     def __init__(self, root: str, transform: Callable[[Any], Any] | None = None) -> None:
         self.root = root
+        self.loader = default_loader
         self.transform = transform
         self.target_transform = None
         self.extensions = IMG_EXTENSIONS
@@ -231,8 +239,7 @@ class ImageFolder(torch.utils.data.Dataset[tuple[Any, int]]):
 
     def __getitem__(self, index: int) -> tuple[Any, int]:
         path, label = self.samples[index]
-        with Image.open(path) as opened:
-            image: Any = opened.convert("RGB")
+        image: Any = self.loader(path)
         if self.transform is not None:
             image = self.transform(image)
         return image, label

@@ -406,8 +406,10 @@ def test_a_watched_dataloader_that_dali_answers_is_offered_its_migration(
     db = Path(shutil.copy(MIGRATE_LEASE / "feedscope.db", tmp_path / "feedscope.db"))
     at = app(monkeypatch, db, "run", run="20261127-221443-8247")
     no_errors(at)
-    assert "probe migrate 20261127-221443-8247 -o dali_loader.py" in texts(at.code)
-    assert [text for text in texts(at.caption) if "`train_loader = dali_loader.loader()`" in text]
+    assert "probe migrate 20261127-221443-8247 -o dali_train_loader.py" in texts(at.code)
+    changes = [text for text in texts(at.caption) if "`train_loader = dali_train_loader.loader()`"
+               in text]  # fmt: skip
+    assert changes
 
 
 def test_the_session_page_gives_the_doctors_answer_and_its_curve(

@@ -173,6 +173,9 @@ def test_recipe_of_a_dataloader_reads_the_dataset_transforms_and_batching(photos
             "root": str(photos),
             "class_to_idx": {"class0": 0, "class1": 1, "class2": 2},
             "extensions": list(tv.IMG_EXTENSIONS),
+            "count": 9,
+            "first": str(photos / "class0" / "0.jpg"),
+            "loader": "default_loader",
         },
         "subset": None,
         "transform": [

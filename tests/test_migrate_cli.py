@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from helpers import probe_cli
+from helpers import probe_cli, run_captured
 from pipelines import InputError
 from probe import watch
 from probe.judge.diagnosis import diagnose_run
@@ -73,15 +74,15 @@ def test_a_watched_loader_is_written_for_dali_and_its_one_line_named(tmp_path: P
     chain = tv.Compose([tv.Resize(40), tv.CenterCrop(32), tv.ToTensor(),
                         tv.Normalize([0.5, 0.5, 0.5], [0.25, 0.25, 0.25])])  # fmt: skip
     db, run, dataset = watched(tmp_path, chain)
-    out = tmp_path / "dali_train.py"
-    done = probe_cli("migrate", run, "-o", str(out), "--db", str(db))
-    assert done.returncode == 0, done.stderr
-    assert "`train_loader = dali_train.loader()`" in done.stderr  # the loop's own name for it
-    assert "DALI's defaults, not measured for this job" in done.stderr
+    out = tmp_path / "dali_train_loader.py"
+    done = run_captured([sys.executable, "-m", "probe", "migrate", run, "--db", db], cwd=tmp_path)
+    assert done.returncode == 0, done.stderr  # written under the loader's name, here
+    assert "`train_loader = dali_train_loader.loader()`" in done.stderr  # the loop's own name
     again = probe_cli("migrate", run, "-o", str(out), "--db", str(db))
     assert again.returncode == 2 and "is there already" in again.stderr
+    assert "DALI's defaults, not measured for this job" in done.stderr
 
-    spec = importlib.util.spec_from_file_location("dali_train", out)
+    spec = importlib.util.spec_from_file_location("dali_train_loader", out)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -114,8 +115,9 @@ def test_what_is_no_watched_dataloader_is_refused(recorded: Path, tmp_path: Path
     assert done.returncode == 2 and "watched a dali loader" in done.stderr
     done = probe_cli("migrate", "nosuchrun", "-o", str(out), "--db", str(recorded))
     assert done.returncode == 2 and "no run 'nosuchrun'" in done.stderr
-    done = probe_cli("migrate", WATCHED, "-o", str(tmp_path / "dali.txt"), "--db", str(recorded))
-    assert done.returncode == 2 and "must end in .py" in done.stderr
+    for name in ("dali.txt", "dali-train.py"):
+        done = probe_cli("migrate", WATCHED, "-o", str(tmp_path / name), "--db", str(recorded))
+        assert done.returncode == 2 and "a Python name ending in .py" in done.stderr
     assert not out.exists()
 
 
@@ -167,10 +169,12 @@ def test_migrate_is_offered_where_dali_is_the_answer_with_the_line_to_change(
             offers[run] = migrate_offer(read_run(store, run), diagnosis.recommendations)
     train, val = offers[WATCHED], offers[WATCHED_VAL]
     assert train is not None and val is not None
-    assert train.command == f"probe migrate {WATCHED} -o dali_loader.py"
-    assert "`train_loader = dali_loader.loader()`" in train.change
-    assert "iterated at line 327" in train.change
-    assert "`val_loader = dali_loader.loader()`" in val.change  # not `loader`, its name inside
+    assert train.command == f"probe migrate {WATCHED} -o dali_train_loader.py"
+    assert "`train_loader = dali_train_loader.loader()`" in train.change
+    assert "iterated at imagenet_main.py:327" in train.change
+    # its name where the script makes it, not `loader` in the function it is passed to
+    assert val.command == f"probe migrate {WATCHED_VAL} -o dali_val_loader.py"
+    assert "`val_loader = dali_val_loader.loader()`" in val.change
     assert offers[MIGRATED] is None  # already DALI
     shown = probe_cli("show", WATCHED, "--db", str(recorded))
     assert shown.returncode == 0 and f"probe migrate {WATCHED}" in shown.stderr
@@ -220,3 +224,50 @@ def test_the_stand_in_for_a_watched_step_reads_its_sm_share() -> None:
                        ("sleep:30@120", "0 < SM <= 100")):  # fmt: skip
         with pytest.raises(InputError, match=said):
             parse_consumer(text)
+
+
+class RandomApply(torch.nn.Module):
+    """torchvision's RandomApply: its transforms, applied together with probability p."""
+
+    def __init__(self, transforms: list[Any], p: float = 0.5) -> None:
+        super().__init__()
+        self.transforms, self.p = transforms, p
+
+
+def test_what_the_written_module_must_not_take_for_granted(tmp_path: Path) -> None:
+    """A RandomApply stays one step (refused), not its transforms always applied; a folder read
+    by another loader than PIL's is refused; the module checks its listing of the folder against
+    the files the job's dataset held; it shards only where the DataLoader's sampler did."""
+    from probe.measure.recipe import recipe_of
+    from probe.present.migrate import DaliSetting, Unmovable, dali_module
+
+    setting = DaliSetting(num_threads=1, hw_decoder_load=0.65)
+    dataset = tv.ImageFolder(str(folder(tmp_path / "data")), transform=tv.Compose(
+        [RandomApply([tv.ColorJitter(0.4, 0.4, 0.4, 0.1)], p=0.8), tv.ToTensor()]))  # fmt: skip
+    with pytest.raises(Unmovable, match="RandomApply") as refused:
+        dali_module(recipe_of(DataLoader(dataset, batch_size=2)), setting, "run")
+    assert not [line for line in refused.value.lines if line.startswith("ColorJitter")]
+
+    dataset.transform = tv.Compose([tv.Resize(32), tv.CenterCrop(32), tv.ToTensor()])
+    dataset.loader = np.load  # type: ignore[assignment]
+    with pytest.raises(Unmovable, match="reads its files with load"):
+        dali_module(recipe_of(DataLoader(dataset, batch_size=2)), setting, "run")
+
+    dataset.loader = tv.default_loader
+    written = dali_module(recipe_of(DataLoader(dataset, batch_size=4)), setting, "run")
+    (tmp_path / "dali_whole.py").write_text(written.module)
+    spec = importlib.util.spec_from_file_location("dali_whole", tmp_path / "dali_whole.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.SHARD is False  # every rank read every file: the DataLoader had no sampler
+    loader = module.loader(device="cpu")
+    assert len(loader.dataset) == 6 and len(loader.sampler) == 6 and len(loader) == 2
+    shutil.copy(tmp_path / "data" / "c0" / "0.jpg", tmp_path / "data" / "c0" / "9.jpg")
+    with pytest.raises(RuntimeError, match="lists 7 files where the job's dataset held 6"):
+        module.loader(device="cpu")
+
+    sampler: Any = torch.utils.data.DistributedSampler(dataset, num_replicas=2, rank=0)
+    sharded = dali_module(recipe_of(DataLoader(dataset, batch_size=4, sampler=sampler)),
+                          setting, "run")  # fmt: skip
+    assert "\nSHARD = True\n" in sharded.module

@@ -15,6 +15,7 @@ the step is cut into slices of a few milliseconds, each busy for its share and i
 from __future__ import annotations
 
 import importlib.util
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +27,8 @@ from probe.measure.devices import device_spin, device_sync
 
 if TYPE_CHECKING:
     import torch
+
+logger = logging.getLogger(__name__)
 
 BUILTIN_MODEL = "small-resnet"
 USAGE = (
@@ -176,6 +179,7 @@ class _GpuBusy:
     WARM_S = 0.5  # products first, for that long: the clocks rise
     CLOSE = 0.02
     ROUNDS = 6
+    CALIBRATE_S = 3.0  # no round begins after this long: a long step stays as it came
 
     def __init__(self, seconds: float, device: int, busy: float = 1.0) -> None:
         import torch
@@ -195,10 +199,14 @@ class _GpuBusy:
         per_product = self._time(lambda: self._products(100)) / 100
         cycles = 10_000_000
         per_cycle = self._time(lambda: self._spin(cycles)) / cycles
+        calibrating = time.perf_counter()
         for _ in range(self.ROUNDS):
             self._plan(per_product, per_cycle)
             took = min(self._time(lambda: self.step(None)) for _ in range(3))
             if abs(took / seconds - 1) <= self.CLOSE:
+                break
+            if time.perf_counter() - calibrating > self.CALIBRATE_S:
+                logger.info("a %.1f ms step calibrated to %.1f ms", seconds * 1e3, took * 1e3)
                 break
             per_product, per_cycle = per_product * took / seconds, per_cycle * took / seconds
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import sysconfig
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,11 @@ def describe(iterable: Any) -> tuple[str, dict[str, Any]]:
 # Frames that are not the user's loop: feedscope's own, the loaders', the interpreter's
 _OURS = str(Path(__file__).resolve().parents[1])
 _NOT_THE_LOOP = tuple(f"{os.sep}{name}{os.sep}" for name in ("torch", "nvidia", "lightning"))
+# installed packages' (the loaders, tqdm) and the standard library's
+_LIBRARIES = tuple(
+    {str(Path(path).resolve()) for key, path in sysconfig.get_paths().items()
+     if key in ("stdlib", "platstdlib", "purelib", "platlib")}
+)  # fmt: skip
 
 
 def loop_site(iterable: Any) -> dict[str, Any]:
@@ -86,7 +92,11 @@ def loop_site(iterable: Any) -> dict[str, Any]:
 
 
 def _not_the_loop(filename: str) -> bool:
-    return filename.startswith((_OURS, "<")) or any(part in filename for part in _NOT_THE_LOOP)
+    return (
+        filename.startswith((_OURS, "<", *_LIBRARIES))
+        or any(part in filename for part in _NOT_THE_LOOP)
+        or f"{os.sep}site-packages{os.sep}" in filename
+    )
 
 
 def dali_decoder(pipe: Any) -> tuple[str | None, float | None]:

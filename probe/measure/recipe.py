@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 # Beyond this many samples or subset indices the recipe would outweigh the run it belongs to.
-MAX_SAMPLES = 2_000_000
+MAX_SAMPLES = 200_000
 _COLLATE_DEFAULTS = ("default_collate", "default_convert")
 
 
@@ -78,12 +78,19 @@ def _dataset_of(dataset: Any) -> dict[str, Any]:
         extensions = getattr(dataset, "extensions", None)
         if isinstance(extensions, str):
             extensions = [extensions]
+        loader = getattr(dataset, "loader", None)
         return {
             "kind": "folder",
             "type": kind,
             "root": _absolute(dataset.root),
             "class_to_idx": {str(name): int(i) for name, i in dataset.class_to_idx.items()},
             "extensions": [str(e) for e in extensions] if extensions is not None else None,
+            # what the written module checks its own listing against: the same files, or none
+            "count": len(dataset.samples),
+            "first": _absolute(dataset.samples[0][0]) if len(dataset.samples) else None,
+            "loader": None
+            if loader is None
+            else getattr(loader, "__name__", type(loader).__name__),
         }
     for name in ("samples", "imgs"):
         listed = getattr(dataset, name, None)
@@ -96,6 +103,10 @@ def _dataset_of(dataset: Any) -> dict[str, Any]:
                 break
             return {"kind": "list", "type": kind, "samples": samples}
     return {"kind": "unknown", "type": kind}
+
+
+def _name(function: Any) -> str:
+    return str(getattr(function, "__name__", type(function).__name__))
 
 
 def _absolute(path: Any) -> str:
@@ -116,7 +127,9 @@ def _transform_of(dataset: Any) -> tuple[list[dict[str, Any]] | None, str | None
 def _flatten(transform: Any) -> list[dict[str, Any]]:
     """A Compose-like object's steps in order (nested ones flattened), or the one step."""
     steps = getattr(transform, "transforms", None)
-    if not _is_function(transform) and isinstance(steps, (list, tuple)):
+    # Compose alone: RandomApply, RandomChoice and RandomOrder hold `transforms` too, and apply
+    # them by chance, so each stays one step (which the writer refuses by name)
+    if type(transform).__name__ == "Compose" and isinstance(steps, (list, tuple)):
         return [step for inner in steps for step in _flatten(inner)]
     return [_step(transform)]
 

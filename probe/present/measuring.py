@@ -80,10 +80,16 @@ def _like(
     console.err.print(f"like run {document.run_id}: {shlex.join(argv('doctor', values))}{read}")
     consumer = str(values.get("consumer", ""))
     if consumer.startswith("sleep:") and "@" not in consumer:
+        lane = max(document.lanes, key=lambda lane: lane.figures.step_ms_p50 or 0.0)
+        why = (
+            "its steps held the SMs all their time"
+            if lane.figures.sm_active_source == "gpm"
+            else "its SM activity was not sampled (GPM)"
+        )
         console.err.print(
-            "its SM activity was not sampled: the stand-in holds every SM for the whole step, "
-            "and DALI's kernels wait behind it (beside a 30 ms step on one H100, DALI gave 11% "
-            "less than beside a step busy for its measured share)"
+            f"{why}: the stand-in holds every SM for the whole step, and DALI's kernels wait "
+            "behind it (beside a 30 ms step on one H100, DALI gave 11% less than beside a step "
+            "busy for its measured share)"
         )
     return (
         document.run_id,

@@ -10,7 +10,6 @@ exact counterpart in DALI is refused by name (`Unmovable`), and nothing partial 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +29,8 @@ _INTERPOLATIONS = {
     0: "types.INTERP_NN",
 }
 _SAMPLERS = ("RandomSampler", "SequentialSampler", "DistributedSampler")
+# torchvision's loaders of a DatasetFolder that give RGB images (None: not recorded)
+_PIL_LOADERS = (None, "default_loader", "pil_loader", "accimage_loader")
 _NO_COUNTERPART = "DALI's written loader has no exact counterpart"
 
 
@@ -114,6 +115,7 @@ def dali_module(recipe: Mapping[str, Any], setting: DaliSetting, origin: str) ->
         files = "".join(f"{label}\t{path}\n" for path, label in dataset.files)
     shuffle = bool(recipe.get("shuffle"))
     sampler = recipe.get("sampler") or {}
+    sharded = isinstance(sampler, Mapping) and sampler.get("name") == "DistributedSampler"
     text = _TEMPLATE.format(
         origin=origin,
         dataset=dataset.text.rstrip("\n"),
@@ -125,6 +127,12 @@ def dali_module(recipe: Mapping[str, Any], setting: DaliSetting, origin: str) ->
         num_threads=setting.num_threads,
         hw_decoder_load=setting.hw_decoder_load,
         decoder=setting.decoder,
+        shard=sharded,
+        shard_comment=(
+            "its rank's shard under torch.distributed, as the DistributedSampler read"
+            if sharded
+            else "every rank reads every file, as the DataLoader did (it had no DistributedSampler)"
+        ),
         graph="\n".join(f"    {line}" for line in graph.body()),
         steps=", ".join(str(step.get("name")) for step in recipe.get("transform") or []),
     )
@@ -147,14 +155,21 @@ def _dataset_lines(recipe: Mapping[str, Any], refused: list[str]) -> _Dataset:
         else f"SUBSET = {[int(i) for i in subset]!r}  # the torch Subset's indices\n"
     )
     kind = dataset.get("kind")
+    if kind == "folder" and dataset.get("loader") not in _PIL_LOADERS:
+        refused.append(
+            f"the dataset {dataset.get('type')} reads its files with {dataset.get('loader')}, "
+            "not torchvision's default (PIL, RGB): DALI decodes JPEG, PNG and the like as RGB"
+        )
+        return _Dataset("")
     if kind == "folder":
         extensions = dataset.get("extensions")
         extensions_comment = "" if extensions else "  # torchvision's IMG_EXTENSIONS"
         return _Dataset(
             f"# {dataset.get('type')}: listed again as torchvision lists it (make_dataset)\n"
-            f"ROOT = {json.dumps(dataset['root'])}\n"
+            f"ROOT = {dataset['root']!r}\n"
             f"CLASS_TO_IDX = {_dict_text(dataset['class_to_idx'])}\n"
             f"EXTENSIONS = {tuple(extensions or IMG_EXTENSIONS)!r}{extensions_comment}\n"
+            f"COUNT = {dataset.get('count')!r}  # the files the job's dataset held\n"
             + subset_text
             + _FOLDER_SAMPLES
         )
@@ -169,7 +184,7 @@ def _dataset_lines(recipe: Mapping[str, Any], refused: list[str]) -> _Dataset:
                 + _FILE_SAMPLES,
                 files=samples,
             )
-        listed = "".join(f"    ({json.dumps(path)}, {label}),\n" for path, label in samples)
+        listed = "".join(f"    ({path!r}, {label}),\n" for path, label in samples)
         return _Dataset(
             f"# {dataset.get('type')}'s (path, label) samples\n"
             f"SAMPLES: list[tuple[str, int]] = [\n{listed}]\n" + subset_text + _LIST_SAMPLES
@@ -184,7 +199,7 @@ def _dataset_lines(recipe: Mapping[str, Any], refused: list[str]) -> _Dataset:
 
 
 def _dict_text(mapping: Mapping[str, Any]) -> str:
-    items = [f"{json.dumps(key)}: {value!r}" for key, value in mapping.items()]
+    items = [f"{key!r}: {value!r}" for key, value in mapping.items()]
     one_line = "{" + ", ".join(items) + "}"
     if len(one_line) <= 80:
         return one_line
@@ -471,6 +486,11 @@ def samples() -> list[tuple[str, int]]:
             for file_name in sorted(names):
                 if file_name.lower().endswith(EXTENSIONS):
                     found.append((os.path.join(parent, file_name), CLASS_TO_IDX[name]))
+    if COUNT is not None and len(found) != COUNT:
+        raise RuntimeError(
+            f"{ROOT} lists {len(found)} files where the job's dataset held {COUNT}: its files "
+            "changed, or the dataset chose them otherwise; write this module again"
+        )
     return found if SUBSET is None else [found[i] for i in SUBSET]
 '''
 
@@ -522,6 +542,8 @@ BATCH_SIZE = {batch_size}
 SHUFFLE = {shuffle}
 DROP_LAST = {drop_last}
 SHUFFLE_SEED = {shuffle_seed}  # the same on every rank, so that the shards stay apart
+# {shard_comment}
+SHARD = {shard}
 # The DALI setting: {source}
 NUM_THREADS = {num_threads}
 HW_DECODER_LOAD = {hw_decoder_load!r}  # the share of JPEGs for the hardware decoder
@@ -551,11 +573,27 @@ def _pipeline(files, labels, shard_id, num_shards, order_seed, decoder, on_gpu):
     return images, labels.gpu() if on_gpu else labels
 
 
-class Loader:
-    """The batches of one rank's shard: (images, labels), one epoch per `for`."""
+class Shard:
+    """This rank's share of the files, as a DistributedSampler's len() gives it."""
 
-    def __init__(self, pipeline, drop_last):
+    def __init__(self, files, world):
+        self.files, self.world = files, world
+
+    def __len__(self):
+        return -(-self.files // self.world)
+
+    def set_epoch(self, epoch):
+        """Accepted; DALI's reader reshuffles after each epoch."""
+
+
+class Loader:
+    """The batches of one rank's shard: (images, labels), one epoch per `for`; `dataset` the
+    (path, label) pairs and `sampler` this rank's share, as a script may ask of a DataLoader."""
+
+    def __init__(self, pipeline, drop_last, pairs, world):
         self.batch_size = BATCH_SIZE
+        self.dataset = pairs
+        self.sampler = Shard(len(pairs), world)
         self._batches = DALIGenericIterator(
             [pipeline],
             ["images", "labels"],
@@ -588,7 +626,8 @@ def loader(device=None, seed=None, rank=None, world=None):
     if on_gpu and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     if rank is None or world is None:
-        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        distributed = SHARD and torch.distributed.is_available()
+        distributed = distributed and torch.distributed.is_initialized()
         rank = torch.distributed.get_rank() if distributed else 0
         world = torch.distributed.get_world_size() if distributed else 1
     order_seed = SHUFFLE_SEED if seed is None else seed
@@ -610,5 +649,5 @@ def loader(device=None, seed=None, rank=None, world=None):
         device_id=device.index if on_gpu else None,
         seed=None if seed is None else seed + rank,
     )
-    return Loader(pipeline, DROP_LAST)
+    return Loader(pipeline, DROP_LAST, pairs, world)
 '''

@@ -18,11 +18,10 @@ from pipelines import DaliOptions, InputError
 from probe.judge.results import Session, is_session_id, resolve_subject
 from probe.present import console
 from probe.present.migrate import DaliSetting, dali_module
-from probe.present.offer import change_line, origin_of, script_of
+from probe.present.offer import change_line, module_name, origin_of, script_of
 from probe.store.db import Store
 from probe.store.documents import RunDocument, read_run
 
-DEFAULT_OUTPUT = Path("dali_loader.py")
 DEFAULT_THREADS = 8  # the doctor's first DALI point on a GPU: min(8, cores)
 
 
@@ -34,21 +33,17 @@ def migrate(
     hw_decoder_load: float | None = None,
     force: bool = False,
 ) -> int:
-    """Writes the DALI module for the watched run `run_id` to `output` (default
-    `dali_loader.py`), with its setting (`threads`, `hw_decoder_load` where given), and says
-    the line to change; nothing is written where a transform cannot be moved (exit 2).
+    """Writes the DALI module for the watched run `run_id` to `output` (default: `dali_` and
+    the loader's name in the script, `module_name`), with its setting (`threads`,
+    `hw_decoder_load` where given), and says the line to change; nothing is written where a
+    transform cannot be moved (exit 2).
 
     Raises:
         InputError: no such run, not a watched DataLoader, nothing recorded of it, a transform
             that cannot be moved (one line each), or a file that is there already.
     """
-    output = output or DEFAULT_OUTPUT
-    if output.suffix != ".py":
-        raise InputError(f"-o {output}: the module's file must end in .py, to be imported")
-    if output.exists() and not force:
-        raise InputError(f"{output} is there already: give another -o, or --force")
-    if not output.parent.is_dir():
-        raise InputError(f"cannot write {output}: no folder {output.parent}")
+    if output is not None:
+        _check_output(output, force)
     with Store(db, create=db is None) as store:
         subject = resolve_subject(store, run_id)
         if is_session_id(subject):
@@ -57,6 +52,9 @@ def migrate(
                 "(`probe runs` lists them)"
             )
         document = read_run(store, subject)
+        if output is None:
+            output = Path(f"{module_name(document)}.py")
+            _check_output(output, force)
         recipe = recipe_of(document)
         setting = setting_for(store, document, threads, hw_decoder_load)
     written = dali_module(recipe, setting, origin=origin_of(document))
@@ -77,6 +75,22 @@ def migrate(
         f"then check it on the job itself: `probe watch -- python {script_of(document)} ...`"
     )
     return 0
+
+
+def _check_output(output: Path, force: bool) -> None:
+    """Refuses a module file that cannot be imported, or one that is there already.
+
+    Raises:
+        InputError: which, and what to do.
+    """
+    if output.suffix != ".py" or not output.stem.isidentifier():
+        raise InputError(
+            f"-o {output}: the module's file must be a Python name ending in .py, to be imported"
+        )
+    if output.exists() and not force:
+        raise InputError(f"{output} is there already: give another -o, or --force")
+    if not output.parent.is_dir():
+        raise InputError(f"cannot write {output}: no folder {output.parent}")
 
 
 def recipe_of(document: RunDocument) -> dict[str, Any]:
@@ -126,7 +140,9 @@ def setting_for(
             session = Session.from_json(record.document)
             if session.dali is None or session.dali.images_per_s is None:
                 continue
-            if session.like in job and like is None:
+            if session.like == document.run_id and (like is None or like.like != session.like):
+                like = session  # like this very run: before one like its other loader
+            elif session.like in job and like is None:
                 like = session
             elif same_files is None and _data_dir(store, session) == folder:
                 same_files = session
@@ -143,7 +159,9 @@ def setting_for(
         rate = f"{dali.images_per_s:,.0f} images/s" if dali.images_per_s else "no rate"
         base = DaliSetting(
             num_threads=dali.num_threads,
-            hw_decoder_load=dali.hw_decoder_load or DaliOptions.hw_decoder_load,
+            hw_decoder_load=DaliOptions.hw_decoder_load
+            if dali.hw_decoder_load is None
+            else dali.hw_decoder_load,
             decoder=dali.decoder,
             source=f"doctor session {chosen.session_id}, {how}: {rate} per GPU",
             predicted_images_per_s=dali.images_per_s,

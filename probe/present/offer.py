@@ -6,11 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from probe.judge.changes import Knob, Recommendation
+from probe.present.migrate import DaliSetting, Unmovable, dali_module
 from probe.store.documents import RunDocument
 
-MODULE = "dali_loader"  # the written module's default name
+MODULE = "dali_loader"  # the written module's name where the loader's is not known
 
 
 def origin_of(document: RunDocument) -> str:
@@ -29,13 +31,22 @@ def change_line(document: RunDocument, module: str) -> str:
     """The one change to the user's script: where its loader is made, the module's instead."""
     recipe = document.config.get("spec", {}).get("recipe") or {}
     name = recipe.get("variable") or "loader"
-    made = f" (where {script_of(document)} makes `{name}`" + (
-        f", iterated at line {recipe['line']})" if recipe.get("line") else ")"
-    )
+    where = ""
+    if recipe.get("line"):
+        where = f", iterated at {Path(str(recipe.get('file') or '')).name}:{recipe['line']}"
     return (
-        f"change one line{made}: `{name} = {module}.loader()`, with `import {module}` beside it "
-        f"(the module next to {script_of(document)})"
+        f"change one line (where {script_of(document)} makes `{name}`{where}): "
+        f"`{name} = {module}.loader()`, with `import {module}` beside it (the module next to "
+        f"{script_of(document)})"
     )
+
+
+def module_name(document: RunDocument) -> str:
+    """The written module's default name: after the loader's name in the script
+    (`dali_train_loader`), so that a script's loaders get one each."""
+    recipe = document.config.get("spec", {}).get("recipe") or {}
+    name = str(recipe.get("variable") or "")
+    return f"dali_{name}" if name.isidentifier() else MODULE
 
 
 @dataclass(frozen=True)
@@ -53,13 +64,20 @@ class MigrateOffer:
 def migrate_offer(
     document: RunDocument, recommendations: Sequence[Recommendation]
 ) -> MigrateOffer | None:
-    """Where DALI is the answer (the first change) for a watched DataLoader that recorded what
-    it is: the command that writes its DALI loader, and the line to change; else None."""
+    """Where DALI is the answer (the first change) for a watched DataLoader whose recorded
+    recipe can be written (`dali_module` refuses nothing of it): the command that writes its
+    DALI loader, and the line to change; else None."""
     spec = document.config.get("spec", {})
-    if document.kind != "watch" or document.pipeline != "torch" or not spec.get("recipe"):
+    recipe = spec.get("recipe")
+    if document.kind != "watch" or document.pipeline != "torch" or not recipe:
         return None
     if not recommendations or recommendations[0].change.knob is not Knob.PIPELINE:
         return None
+    try:
+        dali_module(recipe, DaliSetting(num_threads=1, hw_decoder_load=0.0), "")
+    except Unmovable:
+        return None
+    module = module_name(document)
     return MigrateOffer(
-        f"probe migrate {document.run_id} -o {MODULE}.py", change_line(document, MODULE)
+        f"probe migrate {document.run_id} -o {module}.py", change_line(document, module)
     )

@@ -524,11 +524,13 @@ def reproduce_command(
 
 def stand_in(figures: LaneFigures) -> str:
     """The consumer that stands in for a watched lane's step: its median time, and the share of
-    it its kernels held the SMs where that was measured (`sleep:MS@SM%`; else every SM, the
-    whole step: `sleep:MS`)."""
+    it its kernels held the SMs where GPM measured SM activity (`sleep:MS@SM%`, 1% at least);
+    else every SM, the whole step (`sleep:MS`): NVML's kernel-active time is no SM share."""
     held = figures.step_sm_active_pct
     step = f"sleep:{decimal(figures.step_ms_p50 or 0.0)}"
-    return step if held is None or held >= 100 else f"{step}@{held:.0f}%"
+    if held is None or figures.sm_active_source != "gpm" or held >= 99.5:
+        return step
+    return f"{step}@{max(1, round(held))}%"
 
 
 def like_values(document: RunDocument) -> dict[str, Any]:
