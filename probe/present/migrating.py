@@ -10,15 +10,16 @@ DALI's defaults, said so in the module and on the terminal.
 from __future__ import annotations
 
 import contextlib
-import errno
 from pathlib import Path
 from typing import Any
 
 from pipelines import DaliOptions, InputError
 from probe.judge.results import Session, is_session_id, resolve_subject
 from probe.present import console
-from probe.present.migrate import DaliSetting, dali_module
+from probe.present.measuring import EXIT_FAILED
+from probe.present.migrate import DaliSetting, dali_module, files_name
 from probe.present.offer import change_line, module_name, origin_of, script_of
+from probe.present.stored import write_whole
 from probe.store.db import Store
 from probe.store.documents import RunDocument, read_run
 
@@ -55,19 +56,14 @@ def migrate(
         if output is None:
             output = Path(f"{module_name(document)}.py")
             _check_output(output, force)
-        recipe = recipe_of(document)
+        recipe = recorded_recipe(document)
         setting = setting_for(store, document, threads, hw_decoder_load)
     written = dali_module(recipe, setting, origin=origin_of(document))
-    files = output.with_suffix(".files.txt") if written.files is not None else None
-    try:
-        if files is not None and written.files is not None:
-            _write_whole(files, written.files)
-        _write_whole(output, written.module)
-    except OSError as error:
-        if error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EIO):  # the machine's, not yours
-            console.err.print(f"error: cannot write {output}: {error.strerror}")
-            return 1
-        raise InputError(f"cannot write {output}: {error.strerror or error}") from None
+    files = None if written.files is None else Path(files_name(str(output)))
+    if files is not None and written.files is not None and not write_whole(files, written.files):
+        return EXIT_FAILED
+    if not write_whole(output, written.module):
+        return EXIT_FAILED
     also = f" and its file list {files}" if files is not None else ""
     console.err.print(f"wrote {output}{also}: {setting.describe()} ({setting.source})")
     console.err.print(change_line(document, output.stem))
@@ -93,7 +89,7 @@ def _check_output(output: Path, force: bool) -> None:
         raise InputError(f"cannot write {output}: no folder {output.parent}")
 
 
-def recipe_of(document: RunDocument) -> dict[str, Any]:
+def recorded_recipe(document: RunDocument) -> dict[str, Any]:
     """What the run recorded of its loader to move it.
 
     Raises:
@@ -190,14 +186,3 @@ def _data_dir(store: Store, session: Session) -> str | None:
             folder = store.run(run_id).config.get("spec", {}).get("data_dir")
             return None if folder is None else str(folder)
     return None
-
-
-def _write_whole(path: Path, text: str) -> None:
-    """Writes `text` to `path` whole or not at all."""
-    partial = path.with_name(path.name + ".partial")
-    try:
-        partial.write_text(text, encoding="utf-8")
-        partial.replace(path)
-    finally:
-        with contextlib.suppress(OSError):
-            partial.unlink(missing_ok=True)

@@ -119,19 +119,31 @@ def report(db: Path | None, subject: str, form: str | None, output: Path | None)
     if output is None:
         click.echo(text, nl=False)
         return 0
-    partial = output.with_name(output.name + ".partial")
+    if not write_whole(output, text):
+        return EXIT_FAILED
+    click.echo(f"wrote {output} ({form}, {len(text.encode()) / 1e6:.1f} MB)", err=True)
+    return 0
+
+
+def write_whole(path: Path, text: str) -> bool:
+    """Writes `text` to `path` whole or not at all (never half a file under the name asked
+    for); False, with one line said, where the machine failed (a full disk).
+
+    Raises:
+        InputError: the path cannot be written (a folder, no permission), with why.
+    """
+    partial = path.with_name(path.name + ".partial")
     try:
         partial.write_text(text, encoding="utf-8")
-        partial.replace(output)  # never half a report under the name asked for
+        partial.replace(path)
     except OSError as error:
         with contextlib.suppress(OSError):  # a read-only file system refuses the cleanup too
             partial.unlink(missing_ok=True)
         if error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EIO):  # the machine's, not yours
-            click.echo(f"error: cannot write {output}: {error.strerror}", err=True)
-            return EXIT_FAILED
-        raise InputError(f"cannot write {output}: {error.strerror or error}") from None
-    click.echo(f"wrote {output} ({form}, {len(text.encode()) / 1e6:.1f} MB)", err=True)
-    return 0
+            click.echo(f"error: cannot write {path}: {error.strerror}", err=True)
+            return False
+        raise InputError(f"cannot write {path}: {error.strerror or error}") from None
+    return True
 
 
 def check(
