@@ -539,7 +539,7 @@ def test_an_interrupted_run_is_diagnosed_partial(tmp_path: Path, photos: Path) -
         def stop_when_measuring(run_id: str) -> None:
             def wait_then_stop() -> None:
                 with Store(tmp_path / "s.db") as reader:
-                    while len(reader.batches(run_id)) < 16:  # enough to judge
+                    while len(reader.batches(run_id)) < 48:  # enough to judge on a busy host
                         time.sleep(0.2)
                 stop.set()
 
