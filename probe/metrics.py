@@ -196,6 +196,14 @@ def busy_metric(source: str | None) -> Metric | None:
     return {"gpm": SM_ACTIVE, "nvml": KERNEL_ACTIVE}.get(source or "")
 
 
+def counted(count: int, noun: str, plural: str | None = None) -> str:
+    """A count and its noun, singular or plural: "1 block", "3 blocks", "1 batch"."""
+    if count == 1:
+        return f"1 {noun}"
+    many = plural or (noun + "es" if noun.endswith(("ch", "sh", "s")) else noun + "s")
+    return f"{count:,} {many}"
+
+
 def per_device(word: str, count: int, rate: float | None = None) -> str:
     """What follows one lane's figure where the job has `count` lanes (nothing for one):
     " per GPU", and with its images/s `rate`, the job's too: " per GPU (14,276 for all 4

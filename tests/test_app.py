@@ -178,8 +178,9 @@ def test_a_failed_first_visit_says_why_on_runs_and_live_with_the_click_on(
     failed session is listed, and one click runs it again with the budget the reason names."""
     db = tmp_path / "store.db"
     reason = (
-        "no answer: your setting, num_workers=2, was not measured: the budget cannot fit it (a "
-        "point takes at least about 8 s here): --budget 100 would (session doctor-1)"
+        "no answer: your setting, num_workers=2, was not measured: what was left of the "
+        "budget, 3 s, cannot fit it (it takes at least about 8 s here): --budget 100 would "
+        "(session doctor-1)"
     )
     log = tmp_path / "launch.log"
     log.write_text(f"doctor: yours first\n{reason}\n")

@@ -28,8 +28,9 @@ from probe.judge.doctor.alternation import (
     pair_ratio,
     runs_pairs,
 )
-from probe.judge.doctor.plan import DALI_AHEAD, DALI_FELL_BACK, _dali_fell_back
+from probe.judge.doctor.plan import DALI_AHEAD, DALI_FELL_BACK, _dali_ahead, _dali_fell_back
 from probe.judge.knee import SweepPoint
+from probe.judge.model import Curve
 from probe.judge.recommend import below_the_answer
 from probe.judge.recommend_dali import dali_recommendation
 from probe.judge.results import InTurn, Skipped, Verification
@@ -463,3 +464,67 @@ def test_yours_moving_between_runs_does_not_make_a_change_the_answer(
     assert verification is not None and not verification.agrees  # 563 against 600 predicted
     assert verification.outcome is not None
     assert "either may be the answer, and yours, no change, stays first" in verification.outcome
+
+
+def test_the_pairs_replace_what_dalis_first_measurement_said_and_say_it_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 47: "DALI at its best ... 652 ± 19 images/s (1.25x)", then "either: ... DALI gave
+    +4% ± 22% over 5 pairs": one comparison, two figures. Once the pairs measured it, DALI's
+    first comparison (its advice, a note of its recommendation) gives way to theirs, and what
+    would decide the call is said once: in the answer's note, not again in DALI's."""
+    first = "either: DALI measured 555 ± 17 images/s, +17% ± 6% on num_workers=2; ..."
+    session = recorded(monkeypatch, {YOURS: [470.0] * 5, DALI: [548, 560, 552, 559, 545]}, 10, 0.03)
+    run = replace(dali_at(555.0), advice=first)
+    keep = doctor_answer.keep_yours(BASELINE, BASELINE.estimate)
+    recommendations = [keep, dali_recommendation(run, ["frees 0.2 of 2 cores", first])]
+    verification, out, run = doctor_answer.verify(
+        session,  # type: ignore[arg-type]
+        BASE, recommendations, BASELINE, VERDICT, run, 2.0,
+    )  # fmt: skip
+    assert [r.setting for r in out] == [YOURS, DALI]
+    assert out[1].notes[0] == "frees 0.2 of 2 cores" and first not in out[1].notes
+    assert run.advice == out[1].notes[-1] and run.advice.startswith("either: DALI gave +18% ± ")
+    assert verification is not None and verification.outcome is not None
+    said = [*out[0].notes, *out[1].notes, run.advice]
+    assert sum("session would decide it" in text for text in said) == 1
+    # the pairs' ratio is the verification's, over the DataLoader
+    assert verification.ratio_over == YOURS and verification.pairs == 5
+    assert verification.ratio == pytest.approx(1.18, abs=0.01)
+    assert verification.run_ids == tuple(r.run_id for r in verification.in_turn[::2])
+
+
+def curve_at_one_worker() -> Curve:
+    """A run of num_workers=1 on 2 cores (a worker's thread 4.1 ms an image, 30 ms steps): one
+    worker makes about 244 images/s; the knee, num_workers=2, is predicted near 470."""
+    return Curve("yours", 1, 32, 4.1, 2.0, 0.1, 0.0, 1.0, 30.0, 30.0)
+
+
+def test_dali_is_weighed_against_the_knee_predicted_not_against_yours() -> None:
+    """Issue 47: "DALI gave +55% ... on num_workers=1: DALI is the answer", where the knee,
+    num_workers=2, was predicted within 6.5% of DALI and not measured. A migration clears its
+    bar against the best DataLoader setting predicted; short of it there, the workers are
+    measured (DALI is not "ahead"), and once the knee is measured, DALI is weighed against it."""
+    curve = curve_at_one_worker()
+    yours = SweepPoint(1, 244.0, 0.5, 98.0, "yours", 7.0)
+    knee = curve.knee(curve.settings())
+    assert knee == 2 and 440 < curve.images_per_s(2) < 500
+    dali = replace(dali_at(curve.images_per_s(2) * 1.065), cpu_pct=190.0)
+    reference, setting = doctor_answer.loader_at_best(curve, [yours], yours)
+    assert reference.value == pytest.approx(curve.images_per_s(2))
+    assert setting == "num_workers=2 as predicted"
+    store: Any = None  # weighing reads nothing of it
+    against_yours = doctor_answer.weigh_dali(store, dali, yours, yours.estimate, VERDICT, 2.0)
+    assert against_yours[1]  # +120% on yours: the old reading, "DALI is the answer"
+    assert not _dali_ahead(store, dali, curve, yours, VERDICT, 2.0)
+    weighed, worth = doctor_answer.weigh_dali(store, dali, yours, reference, VERDICT, 2.0, setting)
+    assert (
+        not worth and weighed.advice is not None and "num_workers=2 as predicted" in weighed.advice
+    )
+    # the knee measured: the DataLoader's answer is that point, as measured
+    measured = SweepPoint(2, 455.0, 0.1, 195.0, "knee", 12.0)
+    again, where = doctor_answer.loader_at_best(curve, [yours, measured], measured)
+    assert again == measured.estimate and where == "num_workers=2"
+    # a curve that predicts no setting faster than yours leaves yours the reference
+    fed = doctor_answer.loader_at_best(curve, [yours], replace(yours, images_per_s=900.0))
+    assert fed[1] == "num_workers=1"

@@ -192,8 +192,9 @@ def test_the_failure_reason_is_the_last_error_line() -> None:
     assert error_line("run r1\nimages/s 120\n") is None
     assert error_line("") is None
     no_answer = (
-        "no answer: your setting, num_workers=2, was not measured: the budget cannot fit it (a "
-        "point takes at least about 7 s here): --budget 100 would (session doctor-1)"
+        "no answer: your setting, num_workers=2, was not measured: what was left of the "
+        "budget, 3 s, cannot fit it (it takes at least about 7 s here): --budget 100 would "
+        "(session doctor-1)"
     )
     assert error_line(f"doctor: yours first\n{no_answer}\n") == no_answer
     assert launch.budget_hint(no_answer) == 100

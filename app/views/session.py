@@ -12,10 +12,18 @@ from typing import Any
 import streamlit as st
 
 from app import common
+from probe.judge.changes import workers
 from probe.judge.results import Session, SessionKind
-from probe.metrics import DATA_WAIT, IMAGES_PER_S
+from probe.metrics import DATA_WAIT, IMAGES_PER_S, counted
 from probe.present import charts as figures
-from probe.present.doctor_tables import dali_grid, doctor_notes, scaling_grid, scaling_lines
+from probe.present.doctor_tables import (
+    Shown,
+    dali_grid,
+    doctor_notes,
+    scaling_grid,
+    scaling_lines,
+    shown,
+)
 from probe.present.tables import (
     curve_lines,
     job_scope,
@@ -38,6 +46,10 @@ def tile(
     column.caption(common.markdown_text(setting))
 
 
+def cell(figure: Shown) -> str:
+    return IMAGES_PER_S.cell(figure.images_per_s, figure.error)
+
+
 def answer(session: Session) -> None:
     """The doctor's verdict, its figures side by side, and what to change."""
     verdict = session.verdict
@@ -51,36 +63,43 @@ def answer(session: Session) -> None:
     top = session.recommendations[0] if session.recommendations else None
     scope = job_scope(session.devices)  # whose images/s: the job's, on several lanes
     agreed = session.verify is None or session.verify.verified
+    # one figure a setting: "no change" is yours as the answer predicts it, the settings
+    # measured in alternation their runs pooled (`shown`), and the best is not yours again
+    kept = top is not None and yours is not None and top.change == workers(yours.setting)
     cols = st.columns(4)
-    if yours is not None:
+    if yours is not None and not kept:
+        mine = shown(session, workers(yours.setting).setting)
+        assert mine is not None  # measured
         tile(
-            cols[0], "yours", f"num_workers={yours.setting}",
-            IMAGES_PER_S.cell(yours.images_per_s, yours.images_per_s_error),
-            help=f"images/s{scope}; {DATA_WAIT.label} {DATA_WAIT.text(yours.data_wait_frac)}",
+            cols[0], "yours", f"num_workers={yours.setting}", cell(mine),
+            help=f"images/s{scope}, {mine.source}; {DATA_WAIT.label} "
+            f"{DATA_WAIT.text(yours.data_wait_frac)}",
         )  # fmt: skip
-    if best is not None and len(session.points) > 1:  # of one point, it is yours
+    if best is not None and yours is not None and best.setting != yours.setting:
+        theirs = shown(session, workers(best.setting).setting)
+        assert theirs is not None  # measured
         tile(
-            cols[1], "best DataLoader", f"num_workers={best.setting}",
-            IMAGES_PER_S.cell(best.images_per_s, best.images_per_s_error),
-            help=f"images/s{scope}, the best setting the doctor measured",
+            cols[1], "best DataLoader", f"num_workers={best.setting}", cell(theirs),
+            help=f"images/s{scope}, the best setting the doctor measured; {theirs.source}",
         )  # fmt: skip
     if dali is not None:
+        measured = shown(session, dali.change.setting) if dali.judged else None
         tile(
-            cols[2], "DALI", f"{dali.decoder} decoder, {dali.num_threads} threads"
+            cols[2], "DALI", f"{dali.decoder} decoder, {counted(dali.num_threads, 'thread')}"
             + ("" if dali.hw_decoder_load is None else f", share {dali.hw_decoder_load:g}"),
-            "not measured"
-            if dali.images_per_s is None
-            else IMAGES_PER_S.cell(dali.images_per_s, dali.images_per_s_error),
-            help=dali.reason or f"images/s{scope}, DALI on the same lanes and consumer",
+            "not measured" if measured is None else cell(measured),
+            help=dali.reason or f"images/s{scope}, DALI on the same lanes and consumer"
+            + ("" if measured is None else f"; {measured.source}"),
         )  # fmt: skip
     if top is not None and top.predicted_images_per_s is not None:
         tile(
-            cols[3], "recommended", top.setting,
+            cols[3] if not kept else cols[0],
+            "yours, the answer" if kept else "recommended", top.setting,
             IMAGES_PER_S.cell(top.predicted_images_per_s, top.predicted_error),
             # a delta's arrow reads its sign: only a verified figure has one
             delta=measured_again(top, agreed, delta=True) if agreed else None,
-            help=f"images/s{scope} predicted (measured in its point); verified: run again, "
-            "known within the precision asked, and agreeing"
+            help=f"images/s{scope} predicted ({top.basis}); verified: run again, known within "
+            "the precision asked, and agreeing"
             + ("" if agreed else f"; {measured_again(top, agreed) or 'not run again'}"),
         )  # fmt: skip
     if session.recommendations or session.asides:

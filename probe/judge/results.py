@@ -10,7 +10,7 @@ either back, so that readers need not tell the schemas apart.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from enum import Enum
 from typing import Any
@@ -24,7 +24,7 @@ from probe.judge.verdicts import Verdict
 from probe.lane_figures import EpochStartCost
 from probe.metrics import against
 from probe.records import RunStatus
-from probe.steady import Estimate, margin
+from probe.steady import Estimate, margin, pooled
 from probe.store.db import Store
 
 TORCH, DALI = "torch", "dali"  # a scaling point's pipeline
@@ -113,6 +113,12 @@ class InTurn:
         )
 
 
+def pooled_in_turn(runs: Sequence[InTurn], setting: str) -> Estimate | None:
+    """A setting's runs in turn pooled (None: none of them)."""
+    mine = [Estimate(r.images_per_s, r.images_per_s_error, 0) for r in runs if r.setting == setting]
+    return pooled(mine) if mine else None
+
+
 @dataclass(frozen=True)
 class Verification:
     """The first recommendation run again: what it predicted, what it measured, and whether
@@ -130,6 +136,26 @@ class Verification:
     in_turn: tuple[InTurn, ...] = ()
     outcome: str | None = None  # where it disagreed: what the answer became, and why
     precise: bool = True  # its images/s known within the precision asked
+    # the other setting in turn over `ratio_over` (the one that changes less), from adjacent
+    # pairs, or where there were none (`pairs` 0), from the two's first measurements
+    ratio: float | None = None
+    ratio_error: float | None = None
+    ratio_over: str | None = None
+
+    @property
+    def run_ids(self) -> tuple[str, ...]:
+        """The runs its measured figure is of: its runs in turn pooled, else its one run."""
+        mine = tuple(item.run_id for item in self.in_turn if item.setting == self.change.setting)
+        return mine or (self.run_id,)
+
+    def pooled(self, setting: str) -> Estimate | None:
+        """A setting's runs in turn pooled (None: it was not measured in turn)."""
+        return pooled_in_turn(self.in_turn, setting)
+
+    @property
+    def pairs(self) -> int:
+        """The pairs measured in turn."""
+        return len(self.in_turn) // 2
 
     @property
     def error_frac(self) -> float | None:
@@ -156,6 +182,10 @@ class Verification:
             "outcome": self.outcome,
             "precise": self.precise,
             "verified": self.verified,
+            "run_ids": list(self.run_ids),
+            "ratio": self.ratio,
+            "ratio_error": self.ratio_error,
+            "ratio_over": self.ratio_over,
         }
 
     @classmethod
@@ -172,6 +202,9 @@ class Verification:
             in_turn=tuple(InTurn.from_json(item) for item in data.get("in_turn", ())),
             outcome=data.get("outcome"),
             precise=bool(data.get("precise", True)),  # older documents lack it
+            ratio=data.get("ratio"),
+            ratio_error=data.get("ratio_error"),
+            ratio_over=data.get("ratio_over"),
         )
 
 

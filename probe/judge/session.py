@@ -30,6 +30,7 @@ from probe.judge.results import Session, Skipped
 from probe.measure.config import Checked, ProbeConfig
 from probe.measure.consumers import ConsumerKind
 from probe.measure.runner import Lanes
+from probe.metrics import counted
 from probe.records import RunStatus, SessionRecord
 from probe.steady import MIN_BLOCK_BATCHES, MIN_BLOCKS, MIN_MEASURE_S
 from probe.store.db import Store
@@ -269,9 +270,11 @@ class WarmSession:
 
 def budget_short(budget: Budget, later: int = 0) -> str:
     """Why a point was not measured: the budget, and the budget that would have fitted it."""
+    left = max(0.0, budget.remaining())
+    takes = budget.point_cost() + later * budget.typical_cost()
     return (
-        f"the budget cannot fit it (a point takes at least about {budget.point_cost():.0f} s "
-        f"here): --budget {budget.needed(later)} would"
+        f"what was left of the budget, {left:.0f} s, cannot fit it (it takes at least about "
+        f"{takes:.0f} s here): --budget {budget.needed(later)} would"
     )
 
 
@@ -281,7 +284,7 @@ def few_blocks(point: SweepPoint, budget: Budget, later: int = 0) -> str:
     if point.images_per_s_error is not None:
         shown = f"{point.images_per_s:,.0f} ± {point.images_per_s_error:,.0f} images/s"
     return (
-        f"too few batches to judge ({shown} on {point.blocks} blocks): --budget "
+        f"too few batches to judge ({shown} on {counted(point.blocks, 'block')}): --budget "
         f"{budget.needed(later)} would measure it longer"
     )
 

@@ -27,7 +27,7 @@ from probe.measure.recorder import Drained, Recorder
 from probe.measure.samplers.host import kill_tree, process_states, tree_cpu_s
 from probe.measure.stop import stop_cause
 from probe.measure.unwritten import WRITE_WAIT_S, Unwritten, patiently
-from probe.metrics import wait_share
+from probe.metrics import counted, wait_share
 from probe.records import BatchEvent, RunRecord, RunStatus
 from probe.steady import STALL_FLOOR_S, STALL_TIMES
 from probe.store.connection import StoreBusy, StoreFailed
@@ -322,7 +322,7 @@ class Coordinator:
             if error.gone:
                 raise StoreFailed(f"{error}; run {run_id} was in it", gone=True) from None
             raise StoreFailed(
-                f"{error}; run {run_id} kept what it wrote, {kept:,} batches (it is marked "
+                f"{error}; run {run_id} kept what it wrote, {counted(kept, 'batch')} (it is marked "
                 "interrupted when the store is next read)"
             ) from None
 

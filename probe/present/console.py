@@ -25,6 +25,7 @@ from probe.judge.diagnosis import RunDiagnosis
 from probe.judge.results import Session, SessionKind
 from probe.measure.bench import BenchResult, bench_pipeline, describe_settings
 from probe.measure.stop import Stop
+from probe.metrics import counted
 from probe.present import doctor_tables, tables, terminal
 from probe.present.offer import migrate_offer
 from probe.present.options import decimal
@@ -218,7 +219,7 @@ def _stop_text(config: ProbeConfig) -> str:
     return " or ".join(
         part
         for part in (
-            f"{config.batches} batches" if config.batches else "",
+            counted(config.batches, "batch") if config.batches else "",
             f"{decimal(config.duration_s)} s" if config.duration_s else "",
         )
         if part

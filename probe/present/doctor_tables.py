@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
+from probe.judge.changes import workers
 from probe.judge.dali_run import DaliRun
 from probe.judge.results import DALI, TORCH, Scaling, Session
-from probe.metrics import CPU, DATA_WAIT, IMAGES_PER_S, NVJPG, against_text
+from probe.metrics import CPU, DATA_WAIT, IMAGES_PER_S, NVJPG, against_text, counted
 from probe.present.tables import (
     Grid,
     because,
@@ -76,17 +78,20 @@ def doctor_notes(session: Session) -> list[str]:
         )
         # one prediction a setting: where the answer revised it, the first is said as what it was
         first = "predicted" if verify.agrees else "predicted at first"
+        runs = verify.run_ids
+        which = f"run {runs[0]}" if len(runs) == 1 else f"the mean of its {len(runs)} runs below"
         lines.append(
             f"{verified_what(session)}: {first} {predicted}, measured {measured} "
             f"({against_text(verify.measured_images_per_s, verify.predicted_images_per_s)}: "
-            f"{agrees} their errors and the drift between runs; run {verify.run_id})"
+            f"{agrees} their errors and the drift between runs; {which})"
         )
         lines += [
             f"  in alternation: {item.setting}: "
             f"{IMAGES_PER_S.text(item.images_per_s, item.images_per_s_error)} (run {item.run_id})"
             for item in verify.in_turn
         ]
-        if verify.outcome:
+        told = {note for item in session.recommendations for note in item.notes}
+        if verify.outcome and verify.outcome not in told:  # said once: in the answer, else here
             lines.append(f"  so: {verify.outcome}")
     if session.startup_s:
         lines.append(
@@ -98,21 +103,78 @@ def doctor_notes(session: Session) -> list[str]:
     return lines
 
 
+@dataclass(frozen=True)
+class Shown:
+    """A setting's figure as a doctor's pages show it, and what it is of: its runs in
+    alternation pooled where it was measured in turn (the figures its answer weighed), else its
+    one run."""
+
+    images_per_s: float
+    error: float | None
+    run_ids: tuple[str, ...]
+
+    @property
+    def source(self) -> str:
+        """'run 2026...' or 'the mean of its 5 runs in alternation'."""
+        if len(self.run_ids) == 1:
+            return f"run {self.run_ids[0]}"
+        return f"the mean of its {len(self.run_ids)} runs in alternation"
+
+    @property
+    def text(self) -> str:
+        return IMAGES_PER_S.text(self.images_per_s, self.error)
+
+
+def shown(session: Session, setting: str) -> Shown | None:
+    """A setting's figure on a doctor's pages (`Shown`): of your setting, the best DataLoader
+    setting or DALI's; None where the session did not measure it."""
+    verify = session.verify
+    pooled = None if verify is None else verify.pooled(setting)
+    if verify is not None and pooled is not None:
+        runs = tuple(item.run_id for item in verify.in_turn if item.setting == setting)
+        return Shown(pooled.value, pooled.error, runs)
+    dali = session.dali
+    if dali is not None and dali.change.setting == setting and dali.images_per_s is not None:
+        assert dali.run_id is not None  # measured
+        return Shown(dali.images_per_s, dali.images_per_s_error, (dali.run_id,))
+    point = next((p for p in session.points if workers(p.setting).setting == setting), None)
+    if point is None or point.run_id is None:
+        return None
+    return Shown(point.images_per_s, point.images_per_s_error, (point.run_id,))
+
+
 def dataloader_against_dali(session: Session) -> str | None:
-    """The DataLoader against DALI in a doctor session's own figures, those its answer gives
-    side by side: the best DataLoader setting it measured and DALI at its best, with their
-    errors; None where it did not measure both."""
-    best, dali = session.best, session.dali
+    """The DataLoader against DALI in a doctor session's own figures, those its answer weighed:
+    where the two were measured in alternation, that DataLoader setting and DALI, each its runs
+    pooled, and DALI's gain over the pairs; else the best DataLoader setting it measured and
+    DALI at its best, with their errors; None where it did not measure both."""
+    best, dali, verify = session.best, session.dali, session.verify
     if best is None or not best.images_per_s or dali is None or not dali.judged:
         return None
-    assert dali.images_per_s is not None  # judged
     scope = job_scope(session.devices)
-    loader = IMAGES_PER_S.text(best.images_per_s, best.images_per_s_error)
-    theirs = IMAGES_PER_S.text(dali.images_per_s, dali.images_per_s_error)
+    theirs = shown(session, dali.change.setting)
+    over = None if verify is None else verify.ratio_over
+    paired = verify is not None and verify.ratio is not None and verify.pairs > 0
+    if paired and over is not None and shown(session, over) is not None and theirs is not None:
+        assert verify is not None and verify.ratio is not None
+        loader = shown(session, over)
+        assert loader is not None
+        gain = f"{verify.ratio - 1:+.0%}" + (
+            f" ± {verify.ratio_error:.0%}" if verify.ratio_error is not None else ""
+        )
+        return (
+            f"measured in alternation, {verify.pairs} pair{'' if verify.pairs == 1 else 's'}: "
+            f"the DataLoader at {over}, {loader.text}{scope} ({loader.source}); DALI at its "
+            f"best, {dali.change.setting.removeprefix('DALI ')}, {theirs.text}{scope} "
+            f"({theirs.source}); DALI {gain} over the pairs"
+        )
+    assert dali.images_per_s is not None  # judged
+    loader_text = IMAGES_PER_S.text(best.images_per_s, best.images_per_s_error)
+    dali_text = IMAGES_PER_S.text(dali.images_per_s, dali.images_per_s_error)
     return (
-        f"the best DataLoader setting it measured, num_workers={best.setting}, {loader}{scope}; "
-        f"DALI at its best, {dali.change.setting.removeprefix('DALI ')}, {theirs}{scope} "
-        f"({dali.images_per_s / best.images_per_s:.2f}x)"
+        f"the best DataLoader setting it measured, num_workers={best.setting}, "
+        f"{loader_text}{scope}; DALI at its best, {dali.change.setting.removeprefix('DALI ')}, "
+        f"{dali_text}{scope} ({dali.images_per_s / best.images_per_s:.2f}x)"
     )
 
 
@@ -191,9 +253,8 @@ def dali_lines(dali: DaliRun, devices: Sequence[str]) -> list[str]:
             read.append(f"the hardware {NVJPG.label} {NVJPG.text(point.nvjpg_pct)} busy")
         if point.threads_cpu_pct is not None:
             feeder = " (and the thread feeding its GPU stage)" if dali.decoder == "mixed" else ""
-            read.append(
-                f"DALI's {dali.num_threads} threads{feeder} using {CPU.text(point.threads_cpu_pct)}"
-            )
+            threads = counted(dali.num_threads, "thread")
+            read.append(f"DALI's {threads}{feeder} using {CPU.text(point.threads_cpu_pct)}")
         if point.step_slowed is not None:
             read.append(f"the step {point.step_slowed:+.0%} against the consumer alone")
         evidence = f" ({'; '.join(read)}, worst lane)" if read else ""

@@ -29,6 +29,7 @@ from pipelines import (
 from pipelines.loader import cuda_device_count
 from probe.measure.bench import BenchResult
 from probe.measure.stop import Stop
+from probe.metrics import counted
 from probe.present import console, tables, terminal
 from probe.present.jsontext import json_text
 from probe.present.options import (
@@ -451,9 +452,9 @@ def doctor(
     console.err.print(
         f"doctor: yours (num_workers={baseline}) first, then the DataLoader around the knee "
         "its run predicts (where a term cannot be measured, workers from yours over "
-        f"{', '.join(map(str, settings))}), DALI searched from {threads} threads, the epoch "
-        f"reading where it matters, and a verification{scaled}; each point until images/s is "
-        f"known within {config.precision:.0%}; budget {budget:g} s; store: {store.path}"
+        f"{', '.join(map(str, settings))}), DALI searched from {counted(threads, 'thread')}, "
+        f"the epoch reading where it matters, and a verification{scaled}; each point until "
+        f"images/s is known within {config.precision:.0%}; budget {budget:g} s; store: {store.path}"
     )
     with console.stopping_on_signals(stop := Stop()):
         session = run_doctor(

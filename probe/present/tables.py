@@ -26,6 +26,7 @@ from probe.metrics import (
     NVJPG,
     against_text,
     busy_metric,
+    counted,
     per_device,
 )
 from probe.present.offer import migrate_offer
@@ -216,10 +217,11 @@ def verification_summary(session: Session) -> str:
     if verify is None:
         return "none run again"
     rank, beside = run_again(session)
+    word = "verified" if verify.verified else "measured again"
     if rank == 1:
-        return "the first one verified" if verify.verified else "the first one measured again"
+        return f"the first one {word}"
     if rank is not None and beside:
-        return f"recommendation {rank} verified, and the first one measured again beside it"
+        return f"recommendation {rank} {word}, and the first one measured again beside it"
     if rank is not None:
         return f"the first one measured once; recommendation {rank} run again"
     return f"the first one measured once; {verify.change.setting} run again"
@@ -404,7 +406,8 @@ def _transients(lane: LaneDocument) -> list[str]:
         parts.append(f"the pipeline built in {figures.build_s:.1f} s")
     if figures.warmup_batches:
         settled = ", not settled" if figures.warmup_settled is False else ""
-        parts.append(f"warm-up {figures.warmup_batches} batches, {figures.warmup_s:.1f} s{settled}")
+        warm = counted(figures.warmup_batches, "batch")
+        parts.append(f"warm-up {warm}, {figures.warmup_s:.1f} s{settled}")
     if figures.capped:
         parts.append(
             "measuring stopped at its time limit before images/s was known within the "
@@ -447,8 +450,9 @@ def epochs_lines(epochs: EpochsRun | None) -> list[str]:
         return [f"epoch by epoch: not measured{because(epochs.reason)}"]
     shown = IMAGES_PER_S.text(epochs.images_per_s, epochs.images_per_s_error)
     line = (
-        f"epoch by epoch (num_workers={epochs.num_workers}, {epochs.batches_per_epoch} batches "
-        f"per epoch, as a `for` loop per epoch reads it): {shown}"
+        f"epoch by epoch (num_workers={epochs.num_workers}, "
+        f"{counted(epochs.batches_per_epoch, 'batch')} per epoch, as a `for` loop per epoch "
+        f"reads it): {shown}"
     )
     if epochs.cost_frac is not None:
         line += f", {epochs.cost_frac:.1%} below the same read as one stream"
@@ -537,8 +541,8 @@ def loader_lines(
         told = headline(verdict)
         if verdict.kind is VerdictKind.UNKNOWN:  # what was measured, and why it is not enough
             told += f": {verdict.evidence[0].text}"
-        lines.append(f"{document.label or document.run_id}{role}, {batches} batches measured: "
-                     f"{told}")  # fmt: skip
+        measured = counted(batches, "batch")
+        lines.append(f"{document.label or document.run_id}{role}, {measured} measured: {told}")
         lines += also_lines(verdict, findings, "  ", headlines=True)
         if recommendations:
             scope = job_scope(run_devices(document))

@@ -15,11 +15,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from probe.judge.changes import Change
-from probe.judge.results import InTurn
+from probe.judge.results import InTurn, pooled_in_turn
 from probe.judge.session import WarmSession, point_of, with_change
 from probe.measure.config import ProbeConfig
 from probe.records import RunStatus
-from probe.steady import DRIFT, Estimate, margin, pooled, t95
+from probe.steady import DRIFT, Estimate, margin, t95
 
 # DALI against the DataLoader, measured in alternation, moved from session to session by more
 # than each session's interval: six doctor sessions in a row on the idle 2-core machine read
@@ -51,12 +51,7 @@ class Alternation:
 
     def of(self, change: Change) -> Estimate | None:
         """A setting's runs pooled (None: none measured)."""
-        mine = [
-            Estimate(r.images_per_s, r.images_per_s_error, 0)
-            for r in self.runs
-            if r.setting == change.setting
-        ]
-        return pooled(mine) if mine else None
+        return pooled_in_turn(self.runs, change.setting)
 
     @property
     def pairs(self) -> int:

@@ -6,6 +6,7 @@ disagrees decides, measuring yours and the change in turn where it must.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 from probe.judge.changes import Change, Knob, Recommendation, workers
@@ -171,12 +172,30 @@ def answer(
     ranked, below = below_the_answer(ranked, keep_yours(baseline, baseline.estimate))
     asides = [*asides, *below]
     point = _point_of(analysis, ranked[0].change) or baseline
-    dali, worth = weigh_dali(store, dali, point, point.estimate, verdict, cores)
-    if worth or dali_reach(dali, point.estimate):  # a close call: below it, "either"
+    reference, setting = loader_at_best(curve, analysis.points, point)
+    dali, worth = weigh_dali(store, dali, point, reference, verdict, cores, setting)
+    if worth or dali_reach(dali, reference):  # a close call: below it, "either"
         notes = [dali.freed.text] if dali.freed is not None else []
         notes += [*dali_trade(store, point, dali), *([dali.advice] if dali.advice else [])]
         ranked.insert(0 if worth else 1, dali_recommendation(dali, notes))
     return one_each(ranked), asides, dali
+
+
+def loader_at_best(
+    curve: Curve | None, measured: Sequence[SweepPoint], point: SweepPoint
+) -> tuple[Estimate, str]:
+    """The DataLoader a migration must beat, and its setting: `point`, the DataLoader's answer,
+    as measured; where the curve predicts its knee faster and that knee was not measured, the
+    knee as predicted (DALI is not weighed against yours where more workers may come within its
+    bar: the doctor measures them first)."""
+    mine = point.estimate, workers(point.setting).setting
+    if curve is None:
+        return mine
+    knee = curve.knee(curve.settings())
+    rate = curve.images_per_s(knee)
+    if any(p.setting == knee for p in measured) or rate <= point.images_per_s:
+        return mine
+    return Estimate(rate, None, point.estimate.blocks), f"num_workers={knee} as predicted"
 
 
 def _point_of(analysis: SweepAnalysis, change: Change) -> SweepPoint | None:
@@ -193,17 +212,19 @@ def weigh_dali(
     reference: Estimate,
     verdict: Verdict,
     cores: float,
+    setting: str | None = None,
 ) -> tuple[DaliRun, bool]:
-    """DALI weighed against the DataLoader's `point` as measured (`reference`: its run, or its
-    runs pooled once verified): whether it is worth a migration, the cores it frees, and where
-    it is not worth it, by how much it falls short."""
+    """DALI weighed against the DataLoader's `reference`, `setting` (default: `point`'s): its
+    run, its runs pooled once verified, or the knee predicted (`loader_at_best`); whether it is
+    worth a migration, the cores it frees against `point`, and where it is not worth it, by how
+    much it falls short."""
     if not dali.judged or point.cpu_pct is None or dali.cpu_pct is None:
         return dali, False
     freed = CoresFreed(
         workers(point.setting).setting, point.cpu_pct * CPU.scale, dali.cpu_pct * CPU.scale, cores
     )
     worth = dali_worth_it(reference, dali, freed)
-    advice = dali_advice(reference, freed.setting, dali, verdict, freed)
+    advice = dali_advice(reference, setting or freed.setting, dali, verdict, freed)
     return replace(dali, freed=freed, advice=advice), worth
 
 
@@ -320,7 +341,9 @@ def _dali_call(
         keep_yours(baseline, baseline.estimate),
     )
     migration = next(r for r in recommendations if r.change.knob is Knob.PIPELINE)
-    rest = [r for r in recommendations if r not in (loader, migration)]
+    # what its first measurement said of DALI against the DataLoader, the pairs now say
+    migration = replace(migration, notes=tuple(n for n in migration.notes if n != dali.advice))
+    rest = [r for r in recommendations if r.change not in (loader.change, migration.change)]
     a, b = loader.change, migration.change
     bar = 1 + dali_gain_needed(dali.freed)
     assert dali.images_per_s is not None  # a migration is recommended where DALI measured
@@ -338,7 +361,12 @@ def _dali_call(
     need = f"the {bar - 1:.0%} a migration must gain"
     if call.decided == b:
         outcome = f"{call.how}, {gain}: it clears {need}: DALI is the answer"
-        out = [_measured(migration, call, top, outcome), _measured(loader, call, top), *rest]
+        out = [
+            _measured(_pooled(migration, call), call, top, outcome),
+            _measured(loader, call, top),
+        ]
+        out += rest
+        dali = replace(dali, advice=None)
     elif call.decided == a:
         outcome = f"{call.how}, {gain}: short of {need}: {a.setting} is the answer"
         out = [_measured(loader, call, top, outcome), *rest]
@@ -349,17 +377,39 @@ def _dali_call(
             f"about {more} more pair{'s' if more > 1 else ''} would decide it, should the gain "
             f"hold (--budget {session.budget.needed(2 * more - 1)})"
             if more is not None
-            else "its gain lies within what sessions on one host differ by of the bar: no longer "
+            else "its gain is nearer that bar than sessions on one host differ by: no longer "
             "session would decide it, and either is as good as this host can tell"
         )
         outcome = (
-            f"measured in alternation, {gain}: {need} lies within that; either may be the "
-            f"answer, and {a.setting}, the smaller change, stays first; {decides}"
+            f"{call.how}, {gain}: {need} lies within that; either may be the answer, and "
+            f"{a.setting}, the smaller change, stays first; {decides}"
         )
-        either = _measured(migration, call, top, f"either: {gain}; {decides}")
-        out = [_measured(loader, call, top, outcome), either, *rest]
-        dali = replace(dali, advice=f"either: {outcome}")
+        either = f"either: {gain}, and {need} lies within that"
+        out = [
+            _measured(loader, call, top, outcome),
+            _measured(_pooled(migration, call), call, top, either),
+        ]
+        out += rest
+        dali = replace(dali, advice=either)
     return _verification(session, base, top, call, outcome), one_each(out), dali
+
+
+def _pooled(migration: Recommendation, call: Alternation) -> Recommendation:
+    """The migration predicted at its runs in alternation pooled, where the pairs measured it
+    (the figure they weighed); its first measurement said in its basis."""
+    runs = call.of(migration.change)
+    count = sum(run.setting == migration.setting for run in call.runs)
+    if runs is None or call.clear:
+        return migration
+    first = IMAGES_PER_S.text(migration.predicted_images_per_s, migration.predicted_error)
+    mean = "its run" if count == 1 else f"the mean of its {count} runs"
+    return replace(
+        migration,
+        predicted_images_per_s=runs.value,
+        predicted_error=runs.error,
+        basis=f"measured in alternation with {call.a.setting}, {mean} (first {first}, "
+        f"{migration.basis})",
+    )
 
 
 def _pair_length(session: WarmSession) -> float:
@@ -429,6 +479,9 @@ def _verification(
         in_turn=call.runs,
         outcome=outcome,
         precise=_precise(runs, base),
+        ratio=None if call.ratio is None else call.ratio.value,
+        ratio_error=None if call.ratio is None else call.ratio.error,
+        ratio_over=call.a.setting,
     )
 
 

@@ -21,6 +21,7 @@ from probe.judge.doctor.answer import (
     epoch_recommendations,
     keep_yours,
     knee_told,
+    loader_at_best,
     verify,
     weigh_dali,
 )
@@ -67,9 +68,13 @@ NEIGHBOUR_STEP = 0.25  # the setting beside the predicted knee: a quarter of it 
 # Where yours starves with the CPU saturated, DALI (decoding on the GPU, or on DALI's threads)
 # is what may gain: it is measured before any worker.
 DALI_FIRST = frozenset({VerdictKind.STARVED_CPU_SATURATED})
-DALI_AHEAD = "DALI measured worth the migration against yours: the workers were not searched"
+DALI_AHEAD = (
+    "DALI measured worth the migration against the DataLoader at its best as your run predicts "
+    "it: the workers were not searched"
+)
 DALI_FELL_BACK = (
-    "not searched: DALI first measured worth the migration against yours, and the budget went "
+    "not searched: DALI first measured worth the migration against the DataLoader at its best, "
+    "and the budget went "
     "to checking it, which did not make it the answer; `probe sweep` searches the workers"
 )
 
@@ -139,8 +144,7 @@ def run_doctor(
         if dali_reason is None and first.reliable and first.kind in DALI_FIRST:
             dali = dali_search(session, base, dali_threads, dali_reason, later=2)
         reserve = (1 if dali is None and dali_reason is None else 0) + 1  # DALI, verification
-        ahead = dali is not None and weigh_dali(store, dali, baseline, baseline.estimate,
-                                                 first, cores)[1]  # fmt: skip
+        ahead = dali is not None and _dali_ahead(store, dali, curve, baseline, first, cores)
         if ahead:  # the budget goes to checking DALI: no number of workers changes the answer
             points.skip([v for v in grid if v != baseline.setting], DALI_AHEAD)
         elif curve is None:  # a term was not measured: the ladder, measured
@@ -196,6 +200,21 @@ def run_doctor(
     )
     session.save(result)
     return result
+
+
+def _dali_ahead(
+    store: Store,
+    dali: DaliRun,
+    curve: Curve | None,
+    baseline: SweepPoint,
+    verdict: Verdict,
+    cores: float,
+) -> bool:
+    """Whether DALI, measured first, is worth the migration against the DataLoader at its
+    best as your run predicts it (`loader_at_best`): not against yours, where more workers may
+    come within its bar and are then measured."""
+    loader, setting = loader_at_best(curve, [baseline], baseline)
+    return weigh_dali(store, dali, baseline, loader, verdict, cores, setting)[1]
 
 
 def _ranked(
