@@ -497,6 +497,22 @@ def test_the_cpu_cap_read_off_short_epochs_holds_for_long_ones(tmp_path: Path) -
         assert diagnosis.recommendations[0].change.knob is Knob.PIPELINE
 
 
+def test_the_recorded_eight_workers_are_held_by_them_not_by_the_cpu(tmp_path: Path) -> None:
+    """The 8-worker job, as recorded: 232 images/s, under half of what its 16 cores make at 31
+    ms of CPU an image. Its 8 workers hold it: more of them first, then DALI, as the cap is
+    far short of the step's rate; the 16-worker job, its cores all given workers, stays capped."""
+    eight = recorded(tmp_path, EIGHT, anew=True)
+    cap = eight.cpu_cap_images_per_s
+    assert cap is not None and eight.figures.images_per_s < 0.5 * cap
+    assert eight.cpu_short and not eight.cpu_capped
+    diagnosis = judge_run("recorded", RunStatus.COMPLETED, [eight])
+    assert diagnosis.verdict.kind is VerdictKind.STARVED_CPU_HEADROOM
+    assert [r.setting for r in diagnosis.recommendations] == [
+        "num_workers=12", "DALI decoder=mixed num_threads=8"
+    ]  # fmt: skip
+    assert recorded(tmp_path, SIXTEEN, anew=True).cpu_capped
+
+
 def test_a_watched_dali_iterator_is_judged_and_advised_in_its_own_terms() -> None:
     """DALI's ResNet-50 example on one GPU (`-j 8`, mixed decoder at DALI's default share),
     starved at 30% with its threads using 3 of 16 cores: too few DALI threads, not "too few
