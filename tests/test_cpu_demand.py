@@ -115,25 +115,112 @@ def test_the_h200_answer_is_dali_first_and_the_epoch_fixes_capped_by_the_cpu() -
     # without the CPU's cap, reading across epoch ends gives what the windows between the
     # starts and tails give (2,389 images/s), at most the step's rate
     assert endless.notes == (
-        "the CPU caps the loader near 800 images/s (20.00 ms of CPU an image, 16 cores per "
+        "the lane's cores make at most 800 images/s (20.00 ms of CPU an image, 16 cores per "
         "GPU): with the CPU answered (DALI, decoding on the GPU), at most 2,327 images/s",
     )
     assert H200.figures.windows_images_per_s == pytest.approx(2389, abs=1)
     assert not any(r.change.knob is Knob.NUM_WORKERS for r in diagnosis.recommendations)
 
 
-def test_workers_short_of_the_cores_are_raised_at_most_to_the_cpus_cap() -> None:
-    """4 workers of 16 cores, each image 20 ms of CPU: the CPU still caps the loader, and more
-    workers give at most what the 16 cores can make, below DALI."""
+def test_workers_short_of_the_cores_hold_the_loader_below_the_cpus_cap() -> None:
+    """4 workers of 16 cores, each image 20 ms of CPU: 200 images/s, a quarter of the 800 the
+    16 cores can make. The workers hold the loader, not the CPU: more of them first, giving at
+    most that cap; as it is short of the step's 2,327 images/s (46.5 cores' worth), DALI
+    after them, and no line claims room the 16 cores do not have."""
     figures = replace(H200.figures, images_per_s=200.0, cpu_pct=400.0, epoch_start=None)
     four = replace(H200, num_workers=4, figures=figures)
+    assert four.cpu_short and four.workers_hold and not four.cpu_capped
     diagnosis = judge_run("four", RunStatus.COMPLETED, [four])
-    assert diagnosis.verdict.kind is VerdictKind.STARVED_CPU_SATURATED
-    dali, more = diagnosis.recommendations
-    assert dali.setting == "DALI decoder=mixed num_threads=8"
-    assert more.setting == "num_workers=16"
+    assert diagnosis.verdict.kind is VerdictKind.STARVED_CPU_HEADROOM
+    more, dali = diagnosis.recommendations
+    assert more.action == "raise num_workers from 4 to 16"
     assert more.predicted_images_per_s == pytest.approx(800.0)
     assert "(at 20.00 ms of CPU an image, 800 images/s)" in more.basis
+    assert dali.setting == "DALI decoder=mixed num_threads=8"
+    assert dali.predicted_images_per_s == pytest.approx(128 / 0.055)
+    assert dali.notes == (
+        "past what more workers can give: the CPU would cap them near 800 images/s, short of "
+        "the 2,327 images/s the step could take",
+    )
+    (demand,) = [e.text for e in diagnosis.verdict.evidence if e.metric == "cpu_demand_cores"]
+    assert demand.endswith(
+        "46.5 cores' worth; the lane may use 16 cores: the 4 workers hold the loader, not the "
+        "CPU (it measured 200 ± 20 images/s of a cap near 800 images/s); more workers give at "
+        "most about that cap, short of what the step could take (it needs 46.5 cores, has 16)"
+    )
+
+
+@pytest.mark.parametrize(
+    "images_per_s, error, kind",
+    [
+        (760.0, 20.0, VerdictKind.STARVED_CPU_SATURATED),  # 15.2 of 16 cores: saturated too
+        (660.0, 30.0, VerdictKind.STARVED_CPU_SATURATED),  # 82.5% of the cap, 86% with its error
+        (660.0, 10.0, VerdictKind.STARVED_CPU_HEADROOM),  # 84% at most: below it, surely
+    ],
+)
+def test_workers_near_their_cpu_cap_are_capped_by_it(
+    images_per_s: float, error: float, kind: VerdictKind
+) -> None:
+    """4 workers whose decoding runs several threads each, at 20 ms of CPU an image: the 16
+    cores make at most 800 images/s. A rate within CPU_CAP_NEAR (85%) of that cap, with its
+    error, is the CPU's, and DALI comes first; surely below it, the workers'."""
+    figures = replace(H200.figures, images_per_s=images_per_s, images_per_s_error=error,
+                      cpu_pct=2 * images_per_s, epoch_start=None)  # fmt: skip
+    four = replace(H200, num_workers=4, figures=figures)
+    assert four.cpu_cap_images_per_s == pytest.approx(800.0) and four.cpu_short
+    assert four.cpu_capped is (kind is VerdictKind.STARVED_CPU_SATURATED)
+    diagnosis = judge_run("near", RunStatus.COMPLETED, [four])
+    assert diagnosis.verdict.kind is kind
+    first = diagnosis.recommendations[0].change.knob
+    assert first is (Knob.PIPELINE if four.cpu_capped else Knob.NUM_WORKERS)
+
+
+# The issue's figures (#47): a watched loader on the 2-core machine, no GPU, num_workers=1, its
+# processes using 1.1 of the 2 cores at 232 images/s (4.74 ms of CPU an image) while other
+# processes used 0.06: the 1.94 cores left make at most 409 images/s. Batches of 32, a 50 ms
+# step: it could take 640 images/s, 3.0 cores' worth.
+ONE_WORKER = LaneFacts(
+    lane=0, status="completed", backend="torch", consumer="your training step", batch_size=32,
+    figures=LaneFigures(
+        batches=200, images=200 * 32, seconds=200 * 32 / 232.0, images_per_s=232.0,
+        images_per_s_error=9.0, data_wait_frac=0.64, data_wait_frac_error=0.03, blocks=10,
+        step_ms_p50=50.0, cpu_pct=110.0,
+    ),
+    hostname="cpu2", host_cpus=2, lanes_on_host=1, on_gpu=False, num_workers=1,
+    pin_memory=False, output_dtype="float32", persistent_workers=False,
+    host=HostLoad(cpu_pct=58.0, other_cores=0.06, machine_cores=2), prefetch_factor=2,
+    image_size=224, watched_run="watch-2core",
+)  # fmt: skip
+
+
+def test_a_loader_well_below_its_cpu_cap_is_not_capped() -> None:
+    """232 images/s of a cap near 409: its 1 worker holds it, not the CPU. The verdict says so,
+    its first change raises num_workers (to the cap, at most), and as the cap is short of the
+    step's 640 images/s, DALI is offered after it."""
+    assert ONE_WORKER.cpu_cap_images_per_s == pytest.approx(409.2, abs=0.1)
+    assert ONE_WORKER.cpu_short and ONE_WORKER.workers_hold and not ONE_WORKER.cpu_capped
+    diagnosis = judge_run("watch-2core", RunStatus.COMPLETED, [ONE_WORKER])
+    verdict = diagnosis.verdict
+    assert verdict.kind is VerdictKind.STARVED_CPU_HEADROOM
+    assert verdict.title == "starved, with CPU headroom: too few workers"
+    (demand,) = [e.text for e in verdict.evidence if e.metric == "cpu_demand_cores"]
+    assert demand == (
+        "each image costs 4.74 ms of CPU (workers and training process); the step could take "
+        "640 images/s, 3.0 cores' worth; the lane may use 2 cores, 0.1 of them used by other "
+        "processes: the 1 worker holds the loader, not the CPU (it measured 232 ± 9 images/s "
+        "of a cap near 409 images/s); more workers give at most about that cap, short of what "
+        "the step could take (it needs 3.0 cores, has 2)"
+    )
+    first, dali = diagnosis.recommendations
+    assert first.action == "raise num_workers from 1 to 2"
+    assert first.predicted_images_per_s == pytest.approx(409.2, abs=0.1)
+    assert dali.setting == "DALI decoder=cpu num_threads=2"
+    assert dali.predicted_images_per_s is None  # DALI's CPU decoder: the same 2 cores
+    # A 100 ms step takes 320 images/s, 1.5 cores' worth: room for that, and no DALI.
+    quick = replace(ONE_WORKER, figures=replace(ONE_WORKER.figures, step_ms_p50=100.0))
+    assert not quick.cpu_short
+    settings = [r.setting for r in judge_run("quick", RunStatus.COMPLETED, [quick]).recommendations]
+    assert settings == ["num_workers=2"]
 
 
 def test_on_the_cpu_alone_dalis_rate_is_not_claimed() -> None:
@@ -408,6 +495,22 @@ def test_the_cpu_cap_read_off_short_epochs_holds_for_long_ones(tmp_path: Path) -
         diagnosis = judge_run("recorded", RunStatus.COMPLETED, [facts])
         assert diagnosis.verdict.kind is VerdictKind.STARVED_CPU_SATURATED and facts.cpu_capped
         assert diagnosis.recommendations[0].change.knob is Knob.PIPELINE
+
+
+def test_the_recorded_eight_workers_are_held_by_them_not_by_the_cpu(tmp_path: Path) -> None:
+    """The 8-worker job, as recorded: 232 images/s, under half of what its 16 cores make at 31
+    ms of CPU an image. Its 8 workers hold it: more of them first, then DALI, as the cap is
+    far short of the step's rate; the 16-worker job, its cores all given workers, stays capped."""
+    eight = recorded(tmp_path, EIGHT, anew=True)
+    cap = eight.cpu_cap_images_per_s
+    assert cap is not None and eight.figures.images_per_s < 0.5 * cap
+    assert eight.cpu_short and not eight.cpu_capped
+    diagnosis = judge_run("recorded", RunStatus.COMPLETED, [eight])
+    assert diagnosis.verdict.kind is VerdictKind.STARVED_CPU_HEADROOM
+    assert [r.setting for r in diagnosis.recommendations] == [
+        "num_workers=12", "DALI decoder=mixed num_threads=8"
+    ]  # fmt: skip
+    assert recorded(tmp_path, SIXTEEN, anew=True).cpu_capped
 
 
 def test_a_watched_dali_iterator_is_judged_and_advised_in_its_own_terms() -> None:

@@ -27,14 +27,15 @@ def epoch_fixes(
     give. A fix that removes a share of a lane's stall, and of its epochs' tails, takes that
     share of their time per image away: their time as measured where `stream` gives the rate
     without both (the same setting read as one stream, per lane; `basis` says where), else the
-    stall's from the rate between epoch starts and the tails' as measured. Where the CPU caps a
-    lane's loader (`LaneFacts.cpu_capped`), no fix gives it more than that cap (nor less than
-    today's): its notes say what it would give once the CPU is answered."""
+    stall's from the rate between epoch starts and the tails' as measured. Where a lane's cores
+    cannot make what its step could take (`LaneFacts.cpu_short`), no fix gives it more than
+    they make (nor less than today's): its notes say what it would give once the CPU is
+    answered."""
     stalled = [f for f in facts if _stalls(f)]
     if not stalled:
         return []
 
-    capped = next((f for f in stalled if f.cpu_capped), None)
+    short = next((f for f in stalled if f.cpu_short), None)
 
     def fix(
         action: str, change: Change, removes: _Removes, tails: float, how: str
@@ -43,8 +44,8 @@ def epoch_fixes(
         rate = _predicted(facts, stream, removes, tails)
         answered = _predicted(facts, stream, removes, tails, capped=False)
         notes: tuple[str, ...] = ()
-        if capped is not None and rate is not None and answered is not None and answered > rate:
-            notes = (f"{_cpu_cap_text(capped)}, at most {IMAGES_PER_S.text(answered)}",)
+        if short is not None and rate is not None and answered is not None and answered > rate:
+            notes = (f"{_cpu_cap_text(short)}, at most {IMAGES_PER_S.text(answered)}",)
         return Recommendation(action, change, rate, how, notes=notes)
 
     first = stalled[0]
@@ -137,7 +138,7 @@ def _predicted(
         left = 1 / rate - share * start_cost - tails * tail_cost  # seconds per image
         if left <= 0:
             return None
-        cap = f.cpu_cap_images_per_s if f.cpu_capped else None
+        cap = f.cpu_cap_images_per_s if f.cpu_short else None
         if not capped:
             cap = f.consumer_images_per_s
         total += 1 / left if cap is None else min(1 / left, max(cap, rate))
@@ -145,14 +146,14 @@ def _predicted(
 
 
 def _cpu_cap_text(lane: LaneFacts) -> str:
-    """What caps a CPU-capped lane's loader, and what answers it."""
+    """What the cores of a lane short of CPU (`LaneFacts.cpu_short`) make, and what answers it."""
     cap, cpu_ms = lane.cpu_cap_images_per_s, lane.figures.cpu_ms_per_image
     gpu_decodes = lane.backend == "torch" or lane.decoder == "cpu"  # what a GPU could take
     answer = "DALI, decoding on the GPU" if lane.on_gpu and gpu_decodes else "more cores"
     if lane.on_gpu and lane.backend == "dali" and lane.decoder == "cpu":
         answer = "DALI's mixed decoder, decoding on the GPU"
     return (
-        f"the CPU caps the loader near {IMAGES_PER_S.text(cap)}{lane.per_lane(cap)} "
+        f"the lane's cores make at most {IMAGES_PER_S.text(cap)}{lane.per_lane(cap)} "
         f"({CPU_PER_IMAGE.text(cpu_ms)} of CPU an image, {lane.cores_per_lane_text}): with the "
         f"CPU answered ({answer})"
     )

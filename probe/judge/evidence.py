@@ -124,7 +124,8 @@ def cpu_evidence(facts: LaneFacts) -> list[Evidence]:
 def cpu_demand_evidence(facts: LaneFacts) -> list[Evidence]:
     """The cores the loader needs to feed the step (`LaneFacts.cpu_demand_cores`) against those
     the lane may use, and the images/s these can make: where it needs more, the CPU caps the
-    loader whatever its average busy share."""
+    loader whatever its average busy share, unless fewer workers than cores hold it well below
+    that cap (`LaneFacts.workers_hold`): then more workers give at most the cap."""
     demand, cap = facts.cpu_demand_cores, facts.cpu_cap_images_per_s
     cpu_ms, rate = facts.figures.cpu_ms_per_image, facts.consumer_images_per_s
     if demand is None or cap is None or cpu_ms is None or rate is None:
@@ -140,6 +141,16 @@ def cpu_demand_evidence(facts: LaneFacts) -> list[Evidence]:
     )
     if facts.cpu_capped:
         text += f"the CPU caps the loader near {IMAGES_PER_S.text(cap)}{facts.per_lane(cap)}"
+    elif facts.cpu_short:  # held by its workers below a cap short of the step's rate
+        measured = IMAGES_PER_S.text(facts.figures.images_per_s, facts.figures.images_per_s_error)
+        hold = "holds" if facts.loaders == 1 else "hold"
+        more = "workers" if facts.backend == "torch" else "DALI threads"
+        text += (
+            f"the {facts.loaders_text} {hold} the loader, not the CPU (it measured {measured} "
+            f"of a cap near {IMAGES_PER_S.text(cap)}{facts.per_lane(cap)}); more {more} give at "
+            f"most about that cap, short of what the step could take (it needs "
+            f"{CPU.text(demand * 100)}, has {cores:g})"
+        )
     else:
         text += f"room for that (they could make {IMAGES_PER_S.text(cap)}{facts.per_lane(cap)})"
     return [Evidence("cpu_demand_cores", demand, text)]

@@ -10,6 +10,7 @@ from typing import Any
 from pipelines import CpuLimits
 from probe.judge.changes import Change, Knob, to_dali, workers
 from probe.judge.thresholds import (
+    CPU_CAP_NEAR,
     CPU_SATURATED_PCT,
     EPOCH_START_SHARE,
     OTHER_LOAD_MIN_CORES,
@@ -19,6 +20,7 @@ from probe.judge.thresholds import (
 from probe.lane_figures import LaneFigures
 from probe.metrics import per_device
 from probe.records import LaneRecord, RunRecord
+from probe.steady import Estimate, at_least
 from probe.store.db import Store
 from probe.store.documents import lane_figures_of
 
@@ -180,12 +182,32 @@ class LaneFacts:
         return self.loader_cores * 1000 / cpu_ms if cpu_ms else None
 
     @property
-    def cpu_capped(self) -> bool:
-        """Whether the loader needs more of the lane's cores than can be had (CPU_SATURATED_PCT
-        of them: cores are never all usable), whatever its average busy share: a loop whose
-        epochs are too short to keep its workers busy averages room it cannot use."""
+    def cpu_short(self) -> bool:
+        """Whether the loader needs more of the lane's cores than can be had to feed the step
+        (CPU_SATURATED_PCT of them: cores are never all usable): its CPU cap is below the
+        step's rate, whatever holds it now."""
         demand = self.cpu_demand_cores
         return demand is not None and demand >= CPU_SATURATED_PCT / 100 * self.loader_cores
+
+    @property
+    def workers_hold(self) -> bool:
+        """Whether its workers (or DALI threads), fewer than the lane's cores, hold the loader
+        below its CPU cap: its images/s, with their error, stay under CPU_CAP_NEAR of the cap.
+        Each loader then keeps about a core busy while the others have room: more loaders
+        make more, up to the cap."""
+        cap, figures = self.cpu_cap_images_per_s, self.figures
+        if self.loaders is None or self.loaders >= self.cores_per_lane or cap is None:
+            return False
+        rate = Estimate(figures.images_per_s, figures.images_per_s_error, figures.blocks)
+        return not at_least(rate, CPU_CAP_NEAR, Estimate(cap, None, figures.blocks))
+
+    @property
+    def cpu_capped(self) -> bool:
+        """Whether the CPU caps the loader: it needs more cores than the lane has (`cpu_short`)
+        and it is not held below its cap by too few workers (`workers_hold`), whatever its
+        average busy share: a loop whose epochs are too short to keep its workers busy averages
+        room it cannot use."""
+        return self.cpu_short and not self.workers_hold
 
     @property
     def cpu_caps_epochs(self) -> bool:

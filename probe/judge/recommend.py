@@ -69,10 +69,7 @@ def recommend(
     if verdict.kind in STARVED - {VerdictKind.IO_BOUND, VerdictKind.EPOCH_START_STALL} and (
         lane.backend == "torch"
     ):
-        out += _transfer_fixes(lane)
-        # Not for a loader held by something unmeasured: DALI is no answer to an unknown.
-        if verdict.kind in (VerdictKind.STARVED_CPU_SATURATED, VerdictKind.MAIN_PROCESS_BOUND):
-            out.append(to_dali_estimate(lane, lanes))
+        out += [*_transfer_fixes(lane), *_to_dali(lane, verdict, lanes)]
     if verdict.kind is VerdictKind.IO_BOUND:
         out.append(
             Recommendation(
@@ -92,7 +89,35 @@ def recommend(
                 "not predicted: the split between the decoders is not measured apart",
             )
         )
-    return one_each(sorted(out, key=lambda r: -(r.predicted_images_per_s or 0.0)))
+    held = verdict.kind is VerdictKind.STARVED_CPU_HEADROOM  # by its workers: more come first
+    return one_each(
+        sorted(
+            out,
+            key=lambda r: (
+                held and r.change.knob is not Knob.NUM_WORKERS,
+                -(r.predicted_images_per_s or 0.0),
+            ),
+        )
+    )
+
+
+def _to_dali(lane: LaneFacts, verdict: Verdict, lanes: int) -> list[Recommendation]:
+    """A move to DALI where the CPU caps the DataLoader or its main process holds it; where its
+    workers hold it (`LaneFacts.workers_hold`) below a CPU cap short of what the step could
+    take (`LaneFacts.cpu_short`), past what more workers can give. Not for a loader held by
+    something unmeasured: DALI is no answer to an unknown."""
+    if verdict.kind in (VerdictKind.STARVED_CPU_SATURATED, VerdictKind.MAIN_PROCESS_BOUND):
+        return [to_dali_estimate(lane, lanes)]
+    if verdict.kind is not VerdictKind.STARVED_CPU_HEADROOM or not lane.cpu_short:
+        return []
+    dali = to_dali_estimate(lane, lanes)
+    cap, rate = lane.cpu_cap_images_per_s, lane.consumer_images_per_s
+    note = (
+        f"past what more workers can give: the CPU would cap them near "
+        f"{IMAGES_PER_S.text(cap)}{lane.per_lane(cap)}, short of the "
+        f"{IMAGES_PER_S.text(rate)}{lane.per_lane(rate)} the step could take"
+    )
+    return [replace(dali, notes=(*dali.notes, note))]
 
 
 def _more_workers_help(lane: LaneFacts, verdict: Verdict) -> bool:

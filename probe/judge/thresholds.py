@@ -12,6 +12,11 @@ from enum import Enum
 WAIT_HIGH = 0.20  # data-wait share: highly input-bound
 WAIT_MODERATE = 0.05  # moderately input-bound; below it, fed
 CPU_SATURATED_PCT = 85.0  # host busy share above which decoding has no CPU left
+# A loader whose images/s reach this share of what its cores can make at the CPU each image
+# costs (`LaneFacts.cpu_cap_images_per_s`), within the rate's error, is held by the CPU; below it,
+# with fewer workers than cores, by its workers. Its rate over that cap is the share of its cores
+# its processes keep busy, so this is the busy share at which the CPU has none left.
+CPU_CAP_NEAR = CPU_SATURATED_PCT / 100
 THREADS_SATURATED = 0.90  # a DALI lane keeps this share of its threads' time busy: all of them
 MAIN_THREAD_BOUND_PCT = 90.0  # the training loop's thread is busy all the time
 IOWAIT_BOUND_PCT = 10.0  # share of CPU time spent waiting for the disk

@@ -333,7 +333,8 @@ def _main_process_bound(facts: LaneFacts) -> _Cause:
 def _cpu_limits(facts: LaneFacts) -> _Cause:
     """The CPU caps the loader where its busy share is saturated, or where the loader needs
     more of its cores than can be had to feed the step (`LaneFacts.cpu_capped`), however
-    little of them it used on average; else more workers may use the room it has."""
+    little of them it used on average; else more workers may use the room it has, up to that
+    cap where fewer workers than cores hold it well below it (`LaneFacts.workers_hold`)."""
     demand = cpu_demand_evidence(facts)
     if facts.cpu_capped:
         split = time_split_evidence(facts)
