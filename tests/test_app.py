@@ -535,11 +535,13 @@ def test_compare_puts_dataloader_and_dali_runs_side_by_side(
     assert [row["pipeline"] for row in rows] == ["torch", "dali"]
     assert not any("GPU" in column for column in rows[0])  # on the CPU: no GPU columns
     (bars,) = charts(at)
-    rates, waits = (values(bar["y"]) for bar in bars["data"][:2])
+    rates, waits = (values(bar["x"]) for bar in bars["data"][:2])
     assert [IMAGES_PER_S.cell(rate) for rate in rates] == [
         row["images/s"].split(" ±")[0] for row in rows
     ]
     assert [f"{wait:.1f}%" for wait in waits] == [row["data-wait"] for row in rows]
+    assert values(bars["data"][0]["y"]) == [row["run"] for row in rows]  # named as the bars
+    assert [row["run id"] for row in rows] == [torch_run, dali_run]
     titles = [a["text"] for a in bars["layout"]["annotations"]]
     assert len(bars["data"]) == 3 and not any("GPU" in title for title in titles)  # on the CPU
     # the runs of one doctor session: its own figures, those of its Session page, not the best
@@ -559,6 +561,12 @@ def test_compare_puts_dataloader_and_dali_runs_side_by_side(
         at.multiselect(key="compare-runs").set_value(doctor["run_ids"]).run()  # all of them
         shown = next(text for text in texts(at.markdown) if "DataLoader against DALI" in text)
         assert f"{told}." in shown
+    # all of them: a bar each, named as in the table (runs again share their labels)
+    at.multiselect(key="compare-runs").set_value(doctor["run_ids"]).run()
+    (bars,) = charts(at)
+    names = [row["run"] for row in table(at, "pipeline")]
+    assert len(set(names)) == len(doctor["run_ids"])
+    assert all(values(bar["y"]) == names for bar in bars["data"])
     # runs of no one session: the best of those shown
     at.multiselect(key="compare-runs").set_value([filled["two"]["run_id"], dali_run]).run()
     no_errors(at)
