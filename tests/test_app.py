@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import pytest
 from streamlit.testing.v1 import AppTest
 
@@ -658,6 +659,31 @@ def test_launch_starts_a_probe_refuses_a_second_follows_it_live_and_stops_it(
         assert len(store.batches(run.run_id, 0)) > 10  # kept
     at = app(monkeypatch, db, "live")
     assert texts(at.info) == ["No probe is running now."]
+
+
+def test_a_probe_launched_from_the_dashboard_is_reaped_as_it_ends(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """No zombie of a launched probe is left to the dashboard (here, this process) until its
+    next look at the launches: a failed run, run again from the Runs page, ends at once."""
+    db = tmp_path / "store.db"
+    argv = ["run", "--gpus", "none", "--data", str(tmp_path / "missing")]
+    log, created = str(tmp_path / "launch-1.log"), "2026-11-26T10:00:00Z"
+    with Store(db) as store:
+        failed = RunStatus.FAILED
+        store.save_launch(
+            LaunchRecord("launch-1", "run", argv, ["cpu"], created, None, failed, 2, log, "")
+        )
+    at = app(monkeypatch, db, "runs")
+    at.button(key="runs-again-launch-1").click().run()
+    no_errors(at)
+    with Store(db) as store:
+        again = store.launches()[0]  # read raw: `launch.launches` is no look that reaps
+        assert again.launch_id != "launch-1" and again.pid is not None
+        wait_for(lambda: store.launches()[0].status is failed, 60, "the probe to fail")
+    assert "missing" in Path(again.log_path).read_text()  # it ran, and failed as it should
+    dashboard = psutil.Process()
+    wait_for(lambda: again.pid not in {c.pid for c in dashboard.children()}, 30, "it to be reaped")
 
 
 def test_a_setting_has_one_prediction_and_verified_is_said_only_of_what_was_run_again() -> None:
