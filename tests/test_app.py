@@ -22,7 +22,7 @@ from helpers import files_dataset, probe_cli
 from pipelines.sample_data import SampleParams, make_sample_dataset
 from probe.judge.changes import Recommendation, to_dali, workers
 from probe.judge.model import Curve
-from probe.judge.results import Session, SessionKind, Verification
+from probe.judge.results import Session, SessionKind, Skipped, Verification
 from probe.judge.thresholds import Severity
 from probe.judge.verdicts import TITLES, Verdict, VerdictKind
 from probe.metrics import DATA_WAIT, IMAGES_PER_S, against
@@ -448,6 +448,36 @@ def test_the_session_page_gives_the_doctors_answer_and_its_curve(
     assert {row["run"] for row in runs} == set(doctor["run_ids"])
     labels = [button.proto.label for button in at.get("download_button")]
     assert labels == ["HTML report", "Markdown summary", "JSON (everything)"]
+
+
+def test_a_session_of_one_point_says_what_its_chart_draws(
+    monkeypatch: pytest.MonkeyPatch, filled: dict[str, Any], tmp_path: Path
+) -> None:
+    """One setting measured: the chart draws its point, and the caption over it says so and why
+    no other, and claims no line of a curve it does not draw (the curve is told in words)."""
+    db = tmp_path / "store.db"
+    shutil.copy(filled["db"], db)
+    doctor = Session.from_json(filled["doctor"])
+    why = "the budget cannot fit it"
+    one = replace(
+        doctor,
+        session_id="doctor-one",
+        points=doctor.points[:1],
+        knee=None,
+        skipped=(Skipped(1, why), Skipped(4, why)),
+    )
+    with Store(db) as store:
+        store.save_session(
+            SessionRecord("doctor-one", "doctor", "2099-01-01T00:00:00Z", one.status, None,
+                          "host", None, one.to_json())
+        )  # fmt: skip
+    at = app(monkeypatch, db, "session", session="doctor-one")
+    no_errors(at)
+    assert f"One setting measured, yours; the others were not measured: {why}" in texts(at.caption)
+    (chart,) = charts(at)
+    drawn = [trace for trace in chart["data"] if trace.get("mode", "").startswith("lines")]
+    assert [len(values(trace["x"])) for trace in drawn] == [1]  # a point: no line
+    assert not [text for text in texts(at.caption) if "the line" in text]
 
 
 def test_the_verified_figure_is_signed_measured_against_predicted() -> None:
