@@ -467,6 +467,7 @@ def test_a_session_of_one_point_says_what_its_chart_draws(
         points=doctor.points[:1],
         knee=None,
         skipped=(Skipped(1, why), Skipped(4, why)),
+        dali=None if doctor.dali is None else replace(doctor.dali, num_threads=1),
     )
     with Store(db) as store:
         store.save_session(
@@ -480,6 +481,8 @@ def test_a_session_of_one_point_says_what_its_chart_draws(
     drawn = [trace for trace in chart["data"] if trace.get("mode", "").startswith("lines")]
     assert [len(values(trace["x"])) for trace in drawn] == [1]  # a point: no line
     assert not [text for text in texts(at.caption) if "the line" in text]
+    if one.dali is not None:  # its tile's setting: one thread, not "1 threads"
+        assert f"{one.dali.decoder} decoder, 1 thread" in texts(at.caption)
 
 
 def test_the_verified_figure_is_signed_measured_against_predicted() -> None:

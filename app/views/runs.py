@@ -157,7 +157,8 @@ def main() -> None:
         )
     ]
     if not shown:
-        st.info(f"None of the {len(rows)} runs matches these filters.")
+        none = "The one run does not" if len(rows) == 1 else f"None of the {len(rows)} runs"
+        st.info(f"{none} match{'' if len(rows) == 1 else 'es'} these filters.")
         return
     table, verdicts = [], {}
     for row in shown:
@@ -177,8 +178,8 @@ def main() -> None:
             }
         )
     st.caption(
-        f"{len(shown)} of {len(rows)} runs; select one for its pipeline, status, consumer and "
-        "session, and to open it"
+        f"{len(shown)} of {len(rows)} run{'' if len(rows) == 1 else 's'}; select one for its "
+        "pipeline, status, consumer and session, and to open it"
     )
     chosen = opener(table, "run", "runs-table", {"verdict": VERDICT_CHARS, "label": LABEL_CHARS})
     if chosen is not None:

@@ -67,7 +67,8 @@ def answer(session: Session) -> None:
         )  # fmt: skip
     if dali is not None:
         tile(
-            cols[2], "DALI", f"{dali.decoder} decoder, {dali.num_threads} threads"
+            cols[2], "DALI", f"{dali.decoder} decoder, {dali.num_threads} "
+            + ("thread" if dali.num_threads == 1 else "threads")
             + ("" if dali.hw_decoder_load is None else f", share {dali.hw_decoder_load:g}"),
             "not measured"
             if dali.images_per_s is None

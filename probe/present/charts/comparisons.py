@@ -143,7 +143,11 @@ def scaling_chart(scaling: Scaling) -> go.Figure:
     counts = list(range(1, scaling.lanes + 1))
     figure.update_xaxes(title_text=f"{device}s", tickvals=counts, ticktext=[str(c) for c in counts])
     figure.update_yaxes(title_text=f"images/s per {device}", rangemode="tozero")
-    return layout(figure, f"Images/s per {device} on {scaling.cores:g} cores", height=380)
+    return layout(
+        figure,
+        f"Images/s per {device} on {scaling.cores:g} core{'' if scaling.cores == 1 else 's'}",
+        height=380,
+    )
 
 
 def _side(setting: int | None, settings: Sequence[int]) -> str:
