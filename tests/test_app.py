@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import pytest
 from streamlit.testing.v1 import AppTest
 
@@ -21,7 +22,7 @@ from helpers import files_dataset, probe_cli
 from pipelines.sample_data import SampleParams, make_sample_dataset
 from probe.judge.changes import Recommendation, to_dali, workers
 from probe.judge.model import Curve
-from probe.judge.results import Session, SessionKind, Verification
+from probe.judge.results import Session, SessionKind, Skipped, Verification
 from probe.judge.thresholds import Severity
 from probe.judge.verdicts import TITLES, Verdict, VerdictKind
 from probe.metrics import DATA_WAIT, IMAGES_PER_S, against
@@ -239,12 +240,14 @@ def test_runs_lists_every_run_with_its_verdict_and_filters(
         *(filled[name]["run_id"] for name in ("two", "failed", "hostile")),
     }  # fmt: skip
     assert {row["run"] for row in rows} == expected
+    # at 1,400 px, whole: the run's pipeline, status and the rest are told for the one selected
+    assert list(rows[0]) == ["run", "verdict", "images/s", "data-wait", "label"]
+    assert max(len(row["verdict"]) for row in rows) <= 34
+    assert max(len(row["label"]) for row in rows) <= 48
     failed = next(row for row in rows if row["run"] == filled["failed"]["run_id"])
-    assert failed["status"] == "failed"
     assert failed["verdict"].endswith("(partial)")
     two = next(row for row in rows if row["run"] == filled["two"]["run_id"])
     assert two["images/s"] == round(filled["two"]["images_per_s"])
-    assert two["devices"] == "cpu x2"
     # a verdict too long for its cell is shortened there, and written whole under the table
     cells = {row["verdict"].removesuffix(" (partial)") for row in rows}
     titles = set(TITLES.values())
@@ -450,6 +453,39 @@ def test_the_session_page_gives_the_doctors_answer_and_its_curve(
     assert labels == ["HTML report", "Markdown summary", "JSON (everything)"]
 
 
+def test_a_session_of_one_point_says_what_its_chart_draws(
+    monkeypatch: pytest.MonkeyPatch, filled: dict[str, Any], tmp_path: Path
+) -> None:
+    """One setting measured: the chart draws its point, and the caption over it says so and why
+    no other, and claims no line of a curve it does not draw (the curve is told in words)."""
+    db = tmp_path / "store.db"
+    shutil.copy(filled["db"], db)
+    doctor = Session.from_json(filled["doctor"])
+    why = "the budget cannot fit it"
+    one = replace(
+        doctor,
+        session_id="doctor-one",
+        points=doctor.points[:1],
+        knee=None,
+        skipped=(Skipped(1, why), Skipped(4, why)),
+        dali=None if doctor.dali is None else replace(doctor.dali, num_threads=1),
+    )
+    with Store(db) as store:
+        store.save_session(
+            SessionRecord("doctor-one", "doctor", "2099-01-01T00:00:00Z", one.status, None,
+                          "host", None, one.to_json())
+        )  # fmt: skip
+    at = app(monkeypatch, db, "session", session="doctor-one")
+    no_errors(at)
+    assert f"One setting measured, yours; the others were not measured: {why}" in texts(at.caption)
+    (chart,) = charts(at)
+    drawn = [trace for trace in chart["data"] if trace.get("mode", "").startswith("lines")]
+    assert [len(values(trace["x"])) for trace in drawn] == [1]  # a point: no line
+    assert not [text for text in texts(at.caption) if "the line" in text]
+    if one.dali is not None:  # its tile's setting: one thread, not "1 threads"
+        assert f"{one.dali.decoder} decoder, 1 thread" in texts(at.caption)
+
+
 def test_the_verified_figure_is_signed_measured_against_predicted() -> None:
     """One sign convention: (measured - predicted) / predicted, first in a metric's delta (its
     arrow and colour follow it); "verified" only where the run again agreed, and where it did
@@ -482,7 +518,8 @@ def test_runs_lists_the_sessions_with_their_answers(
     told = headline(Verdict.from_json(doctor["verdict"]))
     assert rows[1]["answer"] == short(told, clauses=False)
     top = Recommendation.from_json(doctor["recommendations"][0])
-    assert rows[1]["first recommendation"] == short(recommendation_text(top))
+    # at 1,400 px, whole: the first recommendation is written out under the table alone
+    assert list(rows[1]) == ["session", "answer", "status", "consumer", "devices", "runs"]
     knee = f"knee at num_workers={sweep['knee']['num_workers']}"
     assert rows[0]["answer"] == knee
     (whole,) = [text for text in texts(at.markdown) if doctor["session_id"] in text]
@@ -536,11 +573,13 @@ def test_compare_puts_dataloader_and_dali_runs_side_by_side(
     assert [row["pipeline"] for row in rows] == ["torch", "dali"]
     assert not any("GPU" in column for column in rows[0])  # on the CPU: no GPU columns
     (bars,) = charts(at)
-    rates, waits = (values(bar["y"]) for bar in bars["data"][:2])
+    rates, waits = (values(bar["x"]) for bar in bars["data"][:2])
     assert [IMAGES_PER_S.cell(rate) for rate in rates] == [
         row["images/s"].split(" ±")[0] for row in rows
     ]
     assert [f"{wait:.1f}%" for wait in waits] == [row["data-wait"] for row in rows]
+    assert values(bars["data"][0]["y"]) == [row["run"] for row in rows]  # named as the bars
+    assert [row["run id"] for row in rows] == [torch_run, dali_run]
     titles = [a["text"] for a in bars["layout"]["annotations"]]
     assert len(bars["data"]) == 3 and not any("GPU" in title for title in titles)  # on the CPU
     # the runs of one doctor session: its own figures, those of its Session page, not the best
@@ -560,6 +599,12 @@ def test_compare_puts_dataloader_and_dali_runs_side_by_side(
         at.multiselect(key="compare-runs").set_value(doctor["run_ids"]).run()  # all of them
         shown = next(text for text in texts(at.markdown) if "DataLoader against DALI" in text)
         assert f"{told}." in shown
+    # all of them: a bar each, named as in the table (runs again share their labels)
+    at.multiselect(key="compare-runs").set_value(doctor["run_ids"]).run()
+    (bars,) = charts(at)
+    names = [row["run"] for row in table(at, "pipeline")]
+    assert len(set(names)) == len(doctor["run_ids"])
+    assert all(values(bar["y"]) == names for bar in bars["data"])
     # runs of no one session: the best of those shown
     at.multiselect(key="compare-runs").set_value([filled["two"]["run_id"], dali_run]).run()
     no_errors(at)
@@ -651,6 +696,31 @@ def test_launch_starts_a_probe_refuses_a_second_follows_it_live_and_stops_it(
         assert len(store.batches(run.run_id, 0)) > 10  # kept
     at = app(monkeypatch, db, "live")
     assert texts(at.info) == ["No probe is running now."]
+
+
+def test_a_probe_launched_from_the_dashboard_is_reaped_as_it_ends(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """No zombie of a launched probe is left to the dashboard (here, this process) until its
+    next look at the launches: a failed run, run again from the Runs page, ends at once."""
+    db = tmp_path / "store.db"
+    argv = ["run", "--gpus", "none", "--data", str(tmp_path / "missing")]
+    log, created = str(tmp_path / "launch-1.log"), "2026-11-26T10:00:00Z"
+    with Store(db) as store:
+        failed = RunStatus.FAILED
+        store.save_launch(
+            LaunchRecord("launch-1", "run", argv, ["cpu"], created, None, failed, 2, log, "")
+        )
+    at = app(monkeypatch, db, "runs")
+    at.button(key="runs-again-launch-1").click().run()
+    no_errors(at)
+    with Store(db) as store:
+        again = store.launches()[0]  # read raw: `launch.launches` is no look that reaps
+        assert again.launch_id != "launch-1" and again.pid is not None
+        wait_for(lambda: store.launches()[0].status is failed, 60, "the probe to fail")
+    assert "missing" in Path(again.log_path).read_text()  # it ran, and failed as it should
+    dashboard = psutil.Process()
+    wait_for(lambda: again.pid not in {c.pid for c in dashboard.children()}, 30, "it to be reaped")
 
 
 def test_a_setting_has_one_prediction_and_verified_is_said_only_of_what_was_run_again() -> None:

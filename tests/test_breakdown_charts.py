@@ -156,6 +156,8 @@ def test_the_slowest_lane_is_the_one_that_waited_most_in_each_interval() -> None
     # a difference under the tie margin names no lane
     close = slowest_lanes(series_of([0.3000], [0.3005]))
     assert close is not None and close.lane == [None]
+    told = "No lane waited for data more than the others in any of 1 second."  # one: singular
+    assert charts.slowest_line(close) == told
     assert slowest_lanes(series_of([0.3000], [0.3005]), tie_frac=0.0) is not None
 
 

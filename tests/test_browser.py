@@ -132,6 +132,7 @@ def test_a_first_visit_runs_the_doctor_and_lands_on_its_answer(
         expect(page.get_by_text("Recommendations (measured by the doctor")).to_be_visible()
         expect(page.locator(".js-plotly-plot .main-svg").first).to_be_visible()
         page.screenshot(path=str(ARTIFACTS / "3-session-answer.png"), full_page=True)
+        _tables_whole(page)
         session = _the_answer_agrees(page, db)
         _download_all(page, session)
 
@@ -163,9 +164,12 @@ def _compare_and_launch(page: Page, url: str, db: Path, session: str) -> None:
     else:  # the session's own figures, as its Session page gives them
         expect(page.get_by_text(f"as doctor session {session} measured them")).to_be_visible()
         expect(page.get_by_text(told)).to_be_visible()
+        _whole(page.get_by_text(told))
     expect(page.locator(".js-plotly-plot .main-svg").first).to_be_visible()
     expect(page.get_by_text("data-wait", exact=True).first).to_be_attached()  # the table is drawn
     expect(page.get_by_text("GPU busy")).to_have_count(0)
+    _bars_possible(page, len(runs))
+    _tables_whole(page)
     page.screenshot(path=str(ARTIFACTS / "6-compare.png"), full_page=True)
     page.goto(f"{url}/launch")
     expect(page.get_by_role("heading", name="Launch", exact=True)).to_be_visible()
@@ -189,6 +193,35 @@ def _whole(locator: Locator) -> None:
     assert cut is None, cut
 
 
+CUT_TABLES = """() => [...document.querySelectorAll('[data-testid="stDataFrame"]')]
+    .map(table => [table, table.querySelector('.dvn-scroller')])
+    .filter(([, box]) => box && box.scrollWidth > box.clientWidth + 1)
+    .map(([table, box]) => `${box.scrollWidth} px in ${box.clientWidth}: ${table.textContent}`)"""
+BARS = """() => [...document.querySelector('.js-plotly-plot').data]
+    .map(bars => ({names: Array.from(bars.y), values: Array.from(bars.x)}))"""
+
+
+def _tables_whole(page: Page) -> None:
+    """Each table on the page is whole in the window: none wider than its box (scrolled)."""
+    from playwright.sync_api import expect
+
+    expect(page.get_by_test_id("stDataFrame").first).to_be_visible()
+    page.wait_for_timeout(1_000)  # every table drawn
+    assert page.evaluate(CUT_TABLES) == []
+
+
+def _bars_possible(page: Page, runs: int) -> None:
+    """Compare's bars, read from the chart the page drew: a bar each of the runs chosen, in
+    each panel (images/s, data-wait, CPU cores: no GPU on the CPU), none over what can be, and
+    none added to another (plotly stacks the bars of one trace that share a name)."""
+    images, waits, cores = page.evaluate(BARS)
+    for bars in (images, waits, cores):
+        assert len(bars["names"]) == len(set(bars["names"])) == runs, bars
+    assert all(0 <= wait <= 100 for wait in waits["values"] if wait is not None), waits
+    host = os.cpu_count() or 0
+    assert all(0 <= used <= host + 0.05 for used in cores["values"] if used is not None), cores
+
+
 def _runs_whole(page: Page, url: str, db: Path, session: str) -> None:
     """At 1,400 px the Runs page writes the session's answer whole under its table (the table's
     cells are shortened), and the verdicts its runs' table shortens."""
@@ -207,6 +240,7 @@ def _runs_whole(page: Page, url: str, db: Path, session: str) -> None:
     page.wait_for_timeout(1_000)  # and what follows it: the verdicts it shortens, whole
     for line in page.get_by_test_id("stMarkdownContainer").locator("li").all():
         _whole(line)
+    _tables_whole(page)
     page.screenshot(path=str(ARTIFACTS / "5-runs.png"), full_page=True)
 
 

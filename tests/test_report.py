@@ -299,4 +299,4 @@ def test_a_sweep_report_marks_its_knee_inside_the_plot(filled_store: dict[str, A
 def test_compared_runs_say_each_setting_then_its_figure(filled_store: dict[str, Any]) -> None:
     report = built(filled_store, filled_store["doctor"]["session_id"])
     figure = charts.compare_bars(report.runs)
-    assert {trace.hovertemplate.split("%{y")[0] for trace in figure.data} == {"%{x}: "}
+    assert {trace.hovertemplate.split("%{x")[0] for trace in figure.data} == {"%{y}: "}

@@ -56,9 +56,13 @@ def compare_runs(db: str, rows: list[dict[str, Any]]) -> None:
         for run_id in chosen
     ]
     st.plotly_chart(figures.compare_bars(briefs), width="stretch", key="compare-bars")
-    st.dataframe(
-        brief_grid(briefs).records(), hide_index=True, width="stretch", key="compare-table"
-    )
+    names = figures.bar_names(briefs)
+    table = [  # each run named as its bars are (its label, in the name), its id beside
+        {"run": name, "run id": brief.run}
+        | {column: cell for column, cell in row.items() if column not in ("run", "setting")}
+        for name, brief, row in zip(names, briefs, brief_grid(briefs).records(), strict=True)
+    ]
+    st.dataframe(table, hide_index=True, width="stretch", key="compare-table")
     pipelines = {b.pipeline for b in briefs}
     if pipelines == {"torch", "dali"}:
         session = doctor_session(db, [by_id[run_id] for run_id in chosen])

@@ -30,7 +30,8 @@ from probe.store.series import LiveSeries
 # needs, enough for the probe to judge its host busy (0.5 of 2 cores, measured with the charts
 # redrawn every second): there, by default, the page tells the progress in words, less often.
 SMALL_HOST_CORES = 4
-SMALL_HOST = host_cores() <= SMALL_HOST_CORES
+CORES = host_cores()
+SMALL_HOST = CORES <= SMALL_HOST_CORES
 REFRESH_S = 3.0 if SMALL_HOST else 1.0
 
 
@@ -194,9 +195,10 @@ def main() -> None:
             "live charts",
             value=False,
             key="live-charts",
-            help=f"This host has {host_cores()} cores: drawing the charts every second takes "
-            "CPU the probe needs, and it would judge its host busy. Without them the page "
-            f"tells the progress every {REFRESH_S:g} s; the Run page draws every chart after.",
+            help=f"This host has {CORES} core{'' if CORES == 1 else 's'}: drawing the charts "
+            "every second takes CPU the probe needs, and it would judge its host busy. Without "
+            f"them the page tells the progress every {REFRESH_S:g} s; the Run page draws every "
+            "chart after.",
         )
     live()
 

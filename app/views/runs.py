@@ -47,24 +47,28 @@ def welcome() -> None:
         st.switch_page("views/live.py")
 
 
-VERDICT_CHARS = 44  # a verdict's cell: with the figures beside it, the table fits 1,400 px
+# The tables fit a window 1,400 px wide (the page's 938 px beside the sidebar) whole: a verdict's
+# cell and a label's are set as wide as these many characters (a label longer is `short`), and
+# what else a run has is said under the table for the one selected.
+VERDICT_CHARS = 34
+LABEL_CHARS = 48
+CHAR_PX, CELL_PADDING_PX = 6.5, 18  # a table's characters: 6.3 px on the average, capitals wider
 SESSIONS_IN_FULL = 5  # the newest sessions whose answers are written out under their table
 
 
 def sessions(rows: list[dict[str, Any]]) -> None:
     """The doctor and sweep sessions, newest first; one opens on the Session page. The table's
-    answers are `short`; under it the newest ones (and the one selected) are written whole."""
+    answers are `short`; under it the newest ones (and the one selected) are written whole, with
+    their first recommendations. A session's id says when it started (UTC)."""
     st.subheader("Sessions")
     table = [
         {
             "session": row["session_id"],
             "answer": short(row["answer"], clauses=False),
-            "first recommendation": short(row["recommendation"]),
             "status": row["status"],
             "consumer": row["consumer"],
             "devices": row["devices"],
             "runs": row["runs"],
-            "created (UTC)": row["created"].replace("T", " ").rstrip("Z"),
         }
         for row in rows
     ]
@@ -90,11 +94,12 @@ def answer_line(row: dict[str, Any]) -> str:
 
 
 def opener(
-    table: list[dict[str, Any]], what: str, key: str, wide: tuple[str, ...] = ()
+    table: list[dict[str, Any]], what: str, key: str, chars: dict[str, int] | None = None
 ) -> str | None:
     """A table of runs or sessions, one selectable; a button opens the one selected on its
     page (the Run or Session page; `what` is the id's column and the page's parameter). The
-    id of the one selected, if any."""
+    id of the one selected, if any. `chars`: columns set as wide as so many characters (the
+    table sizes the others to what its first rows hold)."""
     event = st.dataframe(
         table,
         key=key,
@@ -102,7 +107,10 @@ def opener(
         width="stretch",
         on_select="rerun",
         selection_mode="single-row",
-        column_config={column: st.column_config.TextColumn(width="medium") for column in wide},
+        column_config={
+            column: st.column_config.TextColumn(width=round(CELL_PADDING_PX + CHAR_PX * count))
+            for column, count in (chars or {}).items()
+        },
     )
     selected = event.selection.rows if event is not None else []
     if not selected:
@@ -149,35 +157,48 @@ def main() -> None:
         )
     ]
     if not shown:
-        st.info(f"None of the {len(rows)} runs matches these filters.")
+        none = "The one run does not" if len(rows) == 1 else f"None of the {len(rows)} runs"
+        st.info(f"{none} match{'' if len(rows) == 1 else 'es'} these filters.")
         return
     table, verdicts = [], {}
     for row in shown:
         verdict = common.diagnosis(db, row["run_id"], common.version_of(row)).verdict
-        cell = short(verdict.title, VERDICT_CHARS, clauses=False)
+        mark = " (partial)" if verdict.partial else ""
+        cell = short(verdict.title, VERDICT_CHARS - len(mark), clauses=False)
         verdicts[cell] = verdict.title
         table.append(
             {
                 "run": row["run_id"],
-                "verdict": cell + (" (partial)" if verdict.partial else ""),
+                "verdict": cell + mark,
                 IMAGES_PER_S.heading: round(row["images_per_s"]),
                 DATA_WAIT.heading: PIPELINE_ONLY_WAIT
                 if pipeline_only(row["consumer"])
                 else DATA_WAIT.cell(row["data_wait_frac"]),
-                "label": row["label"] or "",
-                "pipeline": row["pipeline"],
-                "status": row["status"],
-                "consumer": row["consumer"],
-                "devices": row["devices"],
-                "session": row["session_id"] or "",
-                "created (UTC)": row["created"].replace("T", " ").rstrip("Z"),
+                "label": short(row["label"] or "", LABEL_CHARS, clauses=False),
             }
         )
-    st.caption(f"{len(shown)} of {len(rows)} runs; select one to open it")
-    opener(table, "run", "runs-table")
+    st.caption(
+        f"{len(shown)} of {len(rows)} run{'' if len(rows) == 1 else 's'}; select one for its "
+        "pipeline, status, consumer and session, and to open it"
+    )
+    chosen = opener(table, "run", "runs-table", {"verdict": VERDICT_CHARS, "label": LABEL_CHARS})
+    if chosen is not None:
+        st.caption(run_line(next(row for row in shown if row["run_id"] == chosen)))
     whole = [whole_text(head, title) for head, title in sorted(verdicts.items()) if head != title]
     if whole:  # the verdicts the table shortens
         st.markdown("\n".join(f"- {line}" for line in whole))
+
+
+def run_line(row: dict[str, Any]) -> str:
+    """What the runs' table leaves out of a run: its pipeline, status, consumer, devices,
+    session and start."""
+    created = row["created"].replace("T", " ").rstrip("Z")
+    return common.markdown_text(
+        f"{row['run_id']}: {row['pipeline']}, {row['status']}, consumer {row['consumer']} on "
+        f"{row['devices']}"
+        + (f", of session {row['session_id']}" if row["session_id"] else "")
+        + f"; started {created} UTC"
+    )
 
 
 def whole_text(head: str, text: str) -> str:

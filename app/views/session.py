@@ -1,8 +1,9 @@
 """Session: a doctor's or a sweep's answer, as `probe show SESSION` gives it.
 
 A doctor: is the GPU starved, why, and what to change (the recommendations, measured, and the
-first one verified), with the DataLoader against DALI. Then the points it measured, the curve
-its first run predicted, its runs (each opens on the Run page) and the exports.
+first one verified), with the DataLoader against DALI. Then the points it measured (the curve
+its first run predicted told in words under them), its runs (each opens on the Run page) and
+the exports.
 """
 
 from __future__ import annotations
@@ -127,13 +128,13 @@ def answer(session: Session) -> None:
 
 
 def points(session: Session) -> None:
-    """The settings measured, against the curve predicted from the first one."""
+    """The settings measured, with the curve predicted from the first one told under them."""
     st.subheader(f"The {session.knob} settings measured")
-    if len(session.points) == 1:  # what the chart shows of it, and why no other
+    if len(session.points) == 1:  # the chart's one point, and why no other
         why = "; ".join(sorted({item.reason for item in session.skipped}))
         st.caption(
             common.markdown_text(
-                "One setting measured, yours: the line is the curve predicted from its run"
+                "One setting measured, yours"
                 + (f"; the others were not measured: {why}" if why else "")
             )
         )

@@ -16,6 +16,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -30,7 +31,6 @@ from probe.records import LaunchRecord, RunStatus
 from probe.store.db import Store
 
 COMMANDS = ("run", "sweep", "doctor")
-_children: dict[str, subprocess.Popen[bytes]] = {}  # reaped as the dashboard looks at them
 
 
 @dataclass(frozen=True)
@@ -178,7 +178,8 @@ def _spawn(store: Store, command: str, argv: list[str], devices: list[str]) -> L
             stderr=subprocess.STDOUT,
             start_new_session=True,  # a Ctrl-C in the dashboard's terminal does not reach it
         )
-    _children[launch_id] = child
+    # reaped as it ends, not left a zombie of the dashboard until someone looks at launches
+    threading.Thread(target=child.wait, name=f"reap {launch_id}", daemon=True).start()
     record = replace(record, pid=child.pid)
     store.save_launch(record)
     return record
@@ -195,8 +196,6 @@ def stop(store: Store, launch_id: str) -> None:
 
 def launches(store: Store) -> list[LaunchRecord]:
     """The launches, newest first, with those whose process ended unseen marked failed."""
-    for child in list(_children.values()):
-        child.poll()  # reaps it if it ended
     out = []
     for record in store.launches():
         if record.status is RunStatus.RUNNING and (record.pid is None or not pid_alive(record.pid)):

@@ -142,7 +142,8 @@ class RunDocument:
 class RunBrief:
     """A run's headline figures, for comparing runs side by side: images/s (its error the
     lanes' added in quadrature), the run's data-wait (the worst lane's), the lanes' mean GPU
-    busy-ness (and its metric, where all lanes share one), and the CPU cores its lanes used."""
+    busy-ness (and its metric, where all lanes share one), the CPU cores its lanes used and
+    the cores of the machine they ran on (None: on several machines, or not recorded)."""
 
     run: str
     name: str
@@ -156,6 +157,7 @@ class RunBrief:
     sm_active_pct: float | None
     sm_active_source: str | None
     cpu_cores: float | None
+    host_cores: float | None
 
     @classmethod
     def of(cls, document: RunDocument) -> RunBrief:
@@ -163,6 +165,8 @@ class RunBrief:
         sources = {f.sm_active_source for f in figures} - {None}
         busy = [f.sm_active_pct for f in figures if f.sm_active_pct is not None]
         cpu = document.cpu_pct
+        one_host = {lane.hostname for lane in document.lanes} <= {document.host.get("hostname")}
+        cores = document.host.get("cpus")
         return cls(
             run=document.run_id,
             name=document.name,
@@ -176,6 +180,7 @@ class RunBrief:
             sm_active_pct=sum(busy) / len(busy) if busy else None,
             sm_active_source=sources.pop() if len(sources) == 1 else None,
             cpu_cores=None if cpu is None else cpu * CPU.scale,
+            host_cores=float(cores) if cores and one_host else None,
         )
 
     def to_json(self) -> dict[str, Any]:

@@ -11,7 +11,12 @@ Where a chart needs a sentence under it, it is made here too (`slowest_line`, `s
 that the dashboard and the reports say the same.
 """
 
-from probe.present.charts.comparisons import compare_bars, scaling_chart, sweep_curve
+from probe.present.charts.comparisons import (
+    bar_names,
+    compare_bars,
+    scaling_chart,
+    sweep_curve,
+)
 from probe.present.charts.page import CHART_CLASS, PLOTLY_BUNDLE, html_div, page_script
 from probe.present.charts.runs import (
     CAPACITY_WAIT,
@@ -45,6 +50,7 @@ __all__ = [
     "WORKER_COLORS",
     "WORST_WAIT",
     "Phase",
+    "bar_names",
     "compare_bars",
     "cpu_heat_strip",
     "gpu_timelines",

@@ -4,6 +4,7 @@ the job's images/s per GPU over its GPUs (`scaling_chart`) and runs compared (`c
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
 import plotly.graph_objects as go
@@ -142,7 +143,11 @@ def scaling_chart(scaling: Scaling) -> go.Figure:
     counts = list(range(1, scaling.lanes + 1))
     figure.update_xaxes(title_text=f"{device}s", tickvals=counts, ticktext=[str(c) for c in counts])
     figure.update_yaxes(title_text=f"images/s per {device}", rangemode="tozero")
-    return layout(figure, f"Images/s per {device} on {scaling.cores:g} cores", height=380)
+    return layout(
+        figure,
+        f"Images/s per {device} on {scaling.cores:g} core{'' if scaling.cores == 1 else 's'}",
+        height=380,
+    )
 
 
 def _side(setting: int | None, settings: Sequence[int]) -> str:
@@ -155,10 +160,28 @@ def _side(setting: int | None, settings: Sequence[int]) -> str:
     return "left" if setting == max(settings) else "center"
 
 
+def bar_names(briefs: Sequence[RunBrief]) -> list[str]:
+    """Each run's name on the bars and in the table under them, one per run: its name (its
+    label, else its pipeline and its id's tail) with its id's tail where runs shown share that
+    name, as the runs of a doctor's alternation do; its whole id where even that is shared."""
+    counts = Counter(brief.name for brief in briefs)
+    names = [
+        brief.name if counts[brief.name] == 1 else f"{brief.name} ({brief.run[-4:]})"
+        for brief in briefs
+    ]
+    return names if len(set(names)) == len(names) else [brief.run for brief in briefs]
+
+
 def compare_bars(briefs: Sequence[RunBrief]) -> go.Figure:
-    """Runs side by side: images/s, data-wait (each run's worst lane's), CPU cores, and GPU
-    busy-ness where a run has it (runs on the CPU alone get no GPU panel)."""
-    names = [brief.name for brief in briefs]
+    """Runs side by side, a bar each: images/s, data-wait (each run's worst lane's), CPU cores,
+    and GPU busy-ness where a run has it (runs on the CPU alone get no GPU panel).
+
+    Raises:
+        ValueError: a run's data-wait over 100% or its CPU cores over its machine's: a figure
+            that cannot be is a fault in it, drawn by no bar.
+    """
+    _possible(briefs)
+    names = bar_names(briefs)
     metrics = {busy_metric(brief.sm_active_source) for brief in briefs} - {None}
     busy = next(iter(metrics)) if len(metrics) == 1 else None
     busy_title = (  # the metrics' names on a line of their own: too long for a half-width title
@@ -167,31 +190,34 @@ def compare_bars(briefs: Sequence[RunBrief]) -> go.Figure:
         else f"GPU busy %<br><sup>{SM_ACTIVE.title} or {KERNEL_ACTIVE.title}</sup>"
     )
     titled: list[tuple[str, str, list[float | None]]] = [  # and each one's hover value
-        (IMAGES_PER_S.axis, "%{y:,.0f} images/s", [brief.images_per_s for brief in briefs]),
-        (DATA_WAIT.axis, "%{y:.1f}%", [_shown(DATA_WAIT, b.data_wait_frac) for b in briefs]),
-        (busy_title, "%{y:.1f}%", [brief.sm_active_pct for brief in briefs]),
-        (CPU.axis, "%{y:.1f} cores", [brief.cpu_cores for brief in briefs]),
+        (IMAGES_PER_S.axis, "%{x:,.0f} images/s", [brief.images_per_s for brief in briefs]),
+        (DATA_WAIT.axis, "%{x:.1f}%", [_shown(DATA_WAIT, b.data_wait_frac) for b in briefs]),
+        (busy_title, "%{x:.1f}%", [brief.sm_active_pct for brief in briefs]),
+        (CPU.axis, "%{x:.1f} cores", [brief.cpu_cores for brief in briefs]),
     ]
     if all(brief.sm_active_pct is None for brief in briefs) and not metrics:  # no GPU
         titled = [panel for panel in titled if panel[0] != busy_title]
-    cols = 2 if len(titled) == 4 else len(titled)
+    # a row a run, its name whole at the left, and a panel a figure beside the others
     figure = make_subplots(
-        rows=len(titled) // cols, cols=cols, subplot_titles=[title for title, _, _ in titled]
+        rows=1,
+        cols=len(titled),
+        shared_yaxes=True,
+        horizontal_spacing=0.04,
+        subplot_titles=[title for title, _, _ in titled],
     )
-    panels = [
-        (i // cols + 1, i % cols + 1, shown, values) for i, (_, shown, values) in enumerate(titled)
-    ]
-    for row, col, shown, values in panels:
+    colors = [PALETTE[i % len(PALETTE)] for i in range(len(names))]
+    for col, (_, shown, values) in enumerate(titled, 1):
         figure.add_trace(
             go.Bar(
-                x=names,
-                y=values,
-                marker_color=PALETTE[: len(names)],
+                x=values,
+                y=names,
+                orientation="h",
+                marker_color=colors,
                 showlegend=False,
                 name="",
-                hovertemplate=f"%{{x}}: {shown}<extra></extra>",
+                hovertemplate=f"%{{y}}: {shown}<extra></extra>",
             ),
-            row=row,
+            row=1,
             col=col,
         )
         if all(value is None for value in values):
@@ -202,10 +228,36 @@ def compare_bars(briefs: Sequence[RunBrief]) -> go.Figure:
                 yref="y domain",
                 x=0.5,
                 y=0.5,
-                row=row,
+                row=1,
                 col=col,
             )
-    return layout(figure, "Runs compared", height=560 if len(titled) == 4 else 360)
+    # in the order given, the first at the top; a label that reads as a number stays a name
+    figure.update_yaxes(type="category", autorange="reversed", automargin=True)
+    figure.update_xaxes(rangemode="tozero")
+    machines = [brief.host_cores for brief in briefs if brief.host_cores is not None]
+    if machines:  # the cores' axis ends at the machine's: a bar there uses all of them
+        figure.update_xaxes(range=[0, max(machines)], row=1, col=len(titled))
+    figure = layout(figure, "Runs compared", height=180 + 28 * len(names))
+    # a bar's own figure on hover, not its row's; no legend under the plot to leave room for
+    return figure.update_layout(hovermode="closest", margin={"b": 50})
+
+
+def _possible(briefs: Sequence[RunBrief]) -> None:
+    """Raises ValueError where a run's figures, as shown (to their last digit), are over what
+    can be: its data-wait over all of its time, its CPU over its machine's cores."""
+    for brief in briefs:
+        wait = _shown(DATA_WAIT, brief.data_wait_frac)
+        if wait is not None and round(wait, DATA_WAIT.digits) > 100:
+            raise ValueError(
+                f"run {brief.run} reads a data-wait of {DATA_WAIT.text(brief.data_wait_frac)}, "
+                "over all of its time: its figures are wrong, and no bar draws them"
+            )
+        cores, host = brief.cpu_cores, brief.host_cores
+        if cores is not None and host is not None and round(cores, CPU.digits) > host:
+            raise ValueError(
+                f"run {brief.run} reads {cores:.{CPU.digits}f} CPU cores on a machine of "
+                f"{host:g}: its figures are wrong, and no bar draws them"
+            )
 
 
 def _shown(metric: Metric, value: float | None) -> float | None:

@@ -209,16 +209,16 @@ def slowest_line(slowest: SlowestLanes) -> str:
     """The sentence under the lanes' timelines: 'lane 1 was the slowest in 42 of 60 seconds;
     lane 0 in 15; in 3 no lane waited more than the others.'"""
     total = _seconds(slowest.seconds)
+    unit = "second" if total == "1" else "seconds"
     parts = []
     for index, (lane, count) in enumerate(slowest.counts().items()):
         seconds = _seconds(count * slowest.bucket_s)
         if index == 0:
-            unit = "second" if total == "1" else "seconds"
             parts.append(f"lane {lane} was the slowest in {seconds} of {total} {unit}")
         else:
             parts.append(f"lane {lane} in {seconds}")
     if not parts:
-        return f"No lane waited for data more than the others in any of {total} seconds."
+        return f"No lane waited for data more than the others in any of {total} {unit}."
     if slowest.ties:
         parts.append(
             f"in {_seconds(slowest.ties * slowest.bucket_s)} no lane waited more than the others"
