@@ -103,6 +103,9 @@ def doctor_notes(session: Session) -> list[str]:
     return lines
 
 
+IN_ALTERNATION = "measured in alternation"  # how `dataloader_against_dali` opens on the pairs
+
+
 @dataclass(frozen=True)
 class Shown:
     """A setting's figure as a doctor's pages show it, and what it is of: its runs in
@@ -163,7 +166,7 @@ def dataloader_against_dali(session: Session) -> str | None:
             f" ± {verify.ratio_error:.0%}" if verify.ratio_error is not None else ""
         )
         return (
-            f"measured in alternation, {verify.pairs} pair{'' if verify.pairs == 1 else 's'}: "
+            f"{IN_ALTERNATION}, {counted(verify.pairs, 'pair')}: "
             f"the DataLoader at {over}, {loader.text}{scope} ({loader.source}); DALI at its "
             f"best, {dali.change.setting.removeprefix('DALI ')}, {theirs.text}{scope} "
             f"({theirs.source}); DALI {gain} over the pairs"

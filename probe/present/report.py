@@ -37,6 +37,7 @@ from probe.judge.verdicts import Verdict, VerdictKind
 from probe.metrics import IMAGES_PER_S, MEMORY, STAGE_TIME, STAGES
 from probe.present import charts
 from probe.present.doctor_tables import (
+    IN_ALTERNATION,
     dali_grid,
     dali_lines,
     dataloader_against_dali,
@@ -417,8 +418,13 @@ def _session_html(report: Report) -> str:
     against = dataloader_against_dali(session)
     if against is not None and dali is not None and session.best is not None:
         out.append("<h2>DataLoader against DALI</h2>")
-        ids = {session.best.run_id, dali.run_id}
-        out.append(charts.html_div(charts.compare_bars([b for b in report.runs if b.run in ids])))
+        if not against.startswith(IN_ALTERNATION):  # two runs, drawn; else the pairs, told
+            ids = {session.best.run_id, dali.run_id}
+            shown = [b for b in report.runs if b.run in ids]
+            try:
+                out.append(charts.html_div(charts.compare_bars(shown)))
+            except ValueError as error:  # a figure that cannot be: said, not drawn
+                out.append(f"<p class='note'>{_h(str(error))}</p>")
         advice = f" {_prose(dali.advice)}" if dali.advice else ""
         out.append(f"<p>As the session measured them: {_prose(against)}.{advice}</p>")
     elif dali is not None and dali.reason:
