@@ -36,6 +36,7 @@ from probe.present.charts import (
     slowest_line,
 )
 from probe.present.doctor_tables import dataloader_against_dali, doctor_lines
+from probe.present.doctor_tables import shown as shown_figure
 from probe.present.listing import run_rows, running_runs
 from probe.present.options import CPU_BATCH_SIZE, GPU_BATCH_SIZE, doctor_consumer_note
 from probe.present.tables import (
@@ -431,7 +432,15 @@ def test_the_session_page_gives_the_doctors_answer_and_its_curve(
     assert f"1. **{recommendation_text(top)}**" in shown
     metrics = {m.label: m.value for m in at.metric}  # short labels: a metric's is cut to a line
     yours = next(p for p in doctor["sweep"] if p["run_id"] == doctor["verdict"]["run_id"])
-    assert metrics["yours"] == IMAGES_PER_S.cell(yours["images_per_s"], yours["images_per_s_error"])
+    session = Session.from_json(doctor)
+    if top.change == workers(yours["num_workers"]):  # no change: one tile, the answer's figure
+        figure = IMAGES_PER_S.cell(top.predicted_images_per_s, top.predicted_error)
+        assert metrics["yours, the answer"] == figure and "yours" not in metrics
+    else:  # yours as the session's pages give it: its runs in alternation pooled, if any
+        mine = shown_figure(session, f"num_workers={yours['num_workers']}")
+        assert mine is not None and metrics["yours"] == IMAGES_PER_S.cell(
+            mine.images_per_s, mine.error
+        )
     assert f"num_workers={yours['num_workers']}" in texts(at.caption)  # its setting, whole
     dali = doctor["dali"]
     assert "DALI" in metrics
@@ -444,8 +453,12 @@ def test_the_session_page_gives_the_doctors_answer_and_its_curve(
         assert marked == [] and (len(doctor["sweep"]) < 2 or busy)
     else:
         assert values(marked[0]["x"]) == [doctor["knee"]["num_workers"]]
-    if dali["images_per_s"] is not None:
-        line = f"{dali['setting']}: {dali['images_per_s']:,.0f} images/s"
+    if dali["images_per_s"] is not None:  # at the figure of its tile
+        assert session.dali is not None
+        theirs = shown_figure(session, session.dali.change.setting)
+        assert theirs is not None
+        pooled = "" if len(theirs.run_ids) == 1 else f" ({len(theirs.run_ids)} runs pooled)"
+        line = f"{dali['setting']}{pooled}: {theirs.images_per_s:,.0f} images/s"
         assert [a["text"] for a in curve["layout"]["annotations"]] == [line]
     runs = table(at, "what")
     assert {row["run"] for row in runs} == set(doctor["run_ids"])

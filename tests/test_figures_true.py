@@ -21,6 +21,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from probe.judge.results import Session
+from probe.metrics import counted
 from probe.present.doctor_tables import dataloader_against_dali, doctor_lines, shown
 from probe.present.tables import verification_summary
 from probe.records import RunStatus, SessionRecord
@@ -154,3 +155,11 @@ def test_the_tiles_show_one_figure_a_setting(
     dali = shown(session, session.dali.change.setting)
     assert dali is not None
     assert tiles["DALI"] == f"{dali.images_per_s:,.0f} ± {dali.error:,.0f}"
+
+
+def test_a_count_of_one_is_singular() -> None:
+    """The issue's "1 blocks", "1 workers", "1 batches"."""
+    assert counted(1, "block") == "1 block" and counted(3, "block") == "3 blocks"
+    assert counted(1, "batch") == "1 batch" and counted(2, "batch") == "2 batches"
+    assert counted(1, "worker") == "1 worker" and counted(1_000, "run") == "1,000 runs"
+    assert counted(0, "pair") == "0 pairs"

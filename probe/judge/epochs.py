@@ -14,7 +14,7 @@ from probe.judge.changes import Change, Knob, Recommendation, workers
 from probe.judge.facts import LaneFacts
 from probe.judge.thresholds import KNEE_WITHIN, LONGER_EPOCHS
 from probe.lane_figures import EpochStartCost
-from probe.metrics import CPU_PER_IMAGE, IMAGES_PER_S
+from probe.metrics import CPU_PER_IMAGE, IMAGES_PER_S, counted
 
 # The share of a lane's stall that a fix takes away (None: it cannot be told).
 _Removes = Callable[[EpochStartCost], float | None]
@@ -97,9 +97,9 @@ def epoch_fixes(
 
         out.append(
             fix(
-                f"fewer workers than batches per epoch: {now} workers for {per_epoch:.0f} "
-                f"batches, so {now - fewer} of them sit idle at every epoch start, yet each "
-                "is started or resumed with it",
+                f"fewer workers than batches per epoch: {counted(now, 'worker')} for "
+                f"{per_epoch:.0f} batches, so {now - fewer} of them sit idle at every epoch "
+                "start, yet each is started or resumed with it",
                 workers(fewer),
                 fewer_start,
                 0.0,
@@ -211,7 +211,7 @@ def read_by_epoch(advice: Recommendation, lane: LaneFacts, lanes: int = 1) -> Re
     head = (
         f"read epoch by epoch ({start.batches_per_epoch:,.0f} batches an epoch): "
         f"{IMAGES_PER_S.text(steady)} between epoch starts; epoch start "
-        f"{start.stall_ms:,.0f} ms at {now} workers"
+        f"{start.stall_ms:,.0f} ms at {counted(now, 'worker')}"
     )
 
     def predicted(start_ms: float) -> float:
@@ -249,7 +249,7 @@ def read_by_epoch(advice: Recommendation, lane: LaneFacts, lanes: int = 1) -> Re
     )
     without = (
         f"without persistent_workers=True: {IMAGES_PER_S.text(predicted(starting + refill))}, "
-        f"the epoch start growing from {start.stall_ms:,.0f} ms at {now} workers to "
+        f"the epoch start growing from {start.stall_ms:,.0f} ms at {counted(now, 'worker')} to "
         f"{starting + refill:,.0f} ms at {target}"
     )
     return replace(
@@ -308,7 +308,7 @@ def in_rounds(lane: LaneFacts, lanes: int = 1) -> Recommendation | None:
     )
     basis = (
         f"estimated, not measured: read epoch by epoch, {batches} batches an epoch made in "
-        f"rounds of a batch per worker: {epoch_s:,.1f} s an epoch at {now} workers, "
+        f"rounds of a batch per worker: {epoch_s:,.1f} s an epoch at {counted(now, 'worker')}, "
         f"{rounds_now} rounds after {starting}{cpu}; {rounds} rounds at {target} workers "
         f"({fewest} at {settings[-1]}); at most the consumer's rate; `probe doctor --like "
         f"{lane.watched_run or 'RUN'}` measures it"
@@ -329,8 +329,8 @@ def in_rounds(lane: LaneFacts, lanes: int = 1) -> Recommendation | None:
         "workers is taken as free)",
         notes=(
             f"without persistent_workers=True: {IMAGES_PER_S.text(rates[target] * lanes)}, the "
-            f"loader's start growing from {start.loader_start_ms:,.0f} ms at {now} workers to "
-            f"{per_worker * target:,.0f} ms at {target}",
+            f"loader's start growing from {start.loader_start_ms:,.0f} ms at "
+            f"{counted(now, 'worker')} to {per_worker * target:,.0f} ms at {target}",
         ),
     )
 

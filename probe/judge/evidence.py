@@ -35,6 +35,7 @@ from probe.metrics import (
     STEP,
     Metric,
     Source,
+    counted,
 )
 
 
@@ -360,7 +361,7 @@ def memory_evidence(facts: LaneFacts) -> list[Evidence]:
     if need is not None and facts.shm_free_mib is not None:
         text = (
             f"/dev/shm: the workers' prefetch needs {need:,.0f} MiB "
-            f"({facts.num_workers} workers x prefetch {facts.prefetch_factor} x "
+            f"({counted(facts.num_workers or 0, 'worker')} x prefetch {facts.prefetch_factor} x "
             f"{facts.batch_mib:,.1f} MiB a batch); {facts.shm_free_mib:,.0f} MiB free"
         )
         out.append(Evidence("shm_needed_mib", need, text))

@@ -49,7 +49,7 @@ from probe.judge.thresholds import (
     Severity,
     severity_of,
 )
-from probe.metrics import CPU, DATA_WAIT, HELD, IMAGES_PER_S, NVJPG
+from probe.metrics import CPU, DATA_WAIT, HELD, IMAGES_PER_S, NVJPG, counted
 from probe.records import RunStatus
 from probe.steady import MIN_JUDGED_BLOCKS, Estimate
 
@@ -245,10 +245,9 @@ def _too_few(facts: LaneFacts) -> Evidence:
         why = f"its error needs {MIN_JUDGED_BLOCKS} blocks of batches"
     else:
         why = "an error as large as the figure: fed cannot be told from starved"
-    batches = "batch" if figures.batches == 1 else "batches"
     text = (
-        f"{figures.batches} {batches} measured on {figures.blocks} "
-        f"blocks, {DATA_WAIT.label} {shown} ({why}); measure longer"
+        f"{counted(figures.batches, 'batch')} measured on {counted(figures.blocks, 'block')}, "
+        f"{DATA_WAIT.label} {shown} ({why}); measure longer"
     )
     return Evidence("batches", float(figures.batches), text)
 

@@ -59,7 +59,7 @@ def doctor_notes(session: Session) -> list[str]:
     its start-up and its consumer."""
     lines = []
     if session.dali is not None:
-        lines += dali_lines(session.dali, session.devices)
+        lines += dali_lines(session)
     lines += epochs_lines(session.epochs)
     verify = session.verify
     if verify is None:
@@ -77,7 +77,11 @@ def doctor_notes(session: Session) -> list[str]:
             verify.measured_images_per_s, verify.measured_images_per_s_error
         )
         # one prediction a setting: where the answer revised it, the first is said as what it was
-        first = "predicted" if verify.agrees else "predicted at first"
+        answer = next((r for r in session.recommendations if r.change == verify.change), None)
+        revised = answer is not None and answer.predicted_images_per_s != (
+            verify.predicted_images_per_s
+        )
+        first = "predicted at first" if revised else "predicted"
         runs = verify.run_ids
         which = f"run {runs[0]}" if len(runs) == 1 else f"the mean of its {len(runs)} runs below"
         lines.append(
@@ -232,15 +236,25 @@ def dali_grid(dali: DaliRun, devices: Sequence[str]) -> Grid:
     return Grid(header, tuple(rows), frozenset({2, 3, 4, 5, 6, 7}))
 
 
-def dali_lines(dali: DaliRun, devices: Sequence[str]) -> list[str]:
-    """DALI's answer: the setting chosen against where the search started, what holds it
-    there with its evidence, the change as code, and what was not searched."""
+def dali_lines(session: Session) -> list[str]:
+    """DALI's answer (a doctor's `session.dali`): the setting chosen, at its figure on the
+    session's pages (`shown`: where the pairs measured it, its runs in alternation pooled, with
+    its search's run beside), against where the search started; what holds it there with its
+    evidence, the change as code, and what was not searched."""
+    dali = session.dali
+    assert dali is not None
     if not dali.judged:
         return [f"DALI: not measured{because(dali.reason)}"]
-    scope = job_scope(devices)
-    shown = IMAGES_PER_S.text(dali.images_per_s, dali.images_per_s_error)
-    line = f"DALI at its best measured, {dali.change.setting}: {shown}{scope}"
-    line += f", {DATA_WAIT.label} {DATA_WAIT.text(dali.data_wait_frac)}"
+    scope = job_scope(session.devices)
+    searched = IMAGES_PER_S.text(dali.images_per_s, dali.images_per_s_error)
+    figure = shown(session, dali.change.setting)
+    assert figure is not None  # judged: measured
+    line = f"DALI at its best measured, {dali.change.setting}: {figure.text}{scope}"
+    wait = f"{DATA_WAIT.label} {DATA_WAIT.text(dali.data_wait_frac)}"
+    if len(figure.run_ids) > 1:
+        line += f", {figure.source} (its search's run: {searched}, {wait})"
+    else:
+        line += f", {wait}"
     first = dali.first
     if first is not None and dali.gain is not None:
         start = IMAGES_PER_S.text(first.images_per_s, first.images_per_s_error)

@@ -433,7 +433,7 @@ def _session_html(report: Report) -> str:
         out.append("<h2>DALI's settings searched</h2>")
         if len(dali.tried) > 1:
             out.append(_grid(dali_grid(dali, session.devices)))
-        out += [f"<p class='note'>{_prose(line)}</p>" for line in dali_lines(dali, session.devices)]
+        out += [f"<p class='note'>{_prose(line)}</p>" for line in dali_lines(session)]
     if session.kind is SessionKind.DOCTOR:
         lines = epochs_lines(session.epochs)
         alone = consumer_line(session)

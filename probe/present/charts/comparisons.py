@@ -19,8 +19,10 @@ from probe.metrics import (
     SM_ACTIVE,
     Metric,
     busy_metric,
+    counted,
 )
 from probe.present.charts.layout import BUSY_COLOR, PALETTE, WAIT_COLOR, layout
+from probe.present.doctor_tables import shown as shown_figure
 from probe.store.documents import RunBrief
 
 
@@ -30,8 +32,15 @@ def sweep_curve(session: Session) -> go.Figure:
     knee = None if session.knee is None else session.knee.setting
     oversubscribed = session.oversubscribed
     dali = session.dali
-    dali_images_per_s = None if dali is None else dali.images_per_s
+    # DALI's figure as the session's pages give it: its runs in alternation pooled, where the
+    # pairs measured it
+    measured = (
+        None if dali is None or not dali.judged else shown_figure(session, dali.change.setting)
+    )
+    dali_images_per_s = None if measured is None else measured.images_per_s
     dali_label = "DALI" if dali is None else dali.change.setting
+    if measured is not None and len(measured.run_ids) > 1:
+        dali_label = f"{dali_label} ({counted(len(measured.run_ids), 'run')} pooled)"
     settings = [p.setting for p in session.points]
     rates = [p.images_per_s for p in session.points]
     errors = [p.images_per_s_error or 0.0 for p in session.points]
