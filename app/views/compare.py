@@ -55,7 +55,10 @@ def compare_runs(db: str, rows: list[dict[str, Any]]) -> None:
         RunBrief.of(common.document(db, run_id, common.version_of(by_id[run_id])))
         for run_id in chosen
     ]
-    st.plotly_chart(figures.compare_bars(briefs), width="stretch", key="compare-bars")
+    try:
+        st.plotly_chart(figures.compare_bars(briefs), width="stretch", key="compare-bars")
+    except ValueError as error:  # a figure that cannot be: said, not drawn
+        st.warning(str(error))
     names = figures.bar_names(briefs)
     table = [  # each run named as its bars are (its label, in the name), its id beside
         {"run": name, "run id": brief.run}

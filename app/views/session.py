@@ -1,9 +1,9 @@
 """Session: a doctor's or a sweep's answer, as `probe show SESSION` gives it.
 
 A doctor: is the GPU starved, why, and what to change (the recommendations, measured, and the
-first one verified), with the DataLoader against DALI. Then the points it measured (the curve
-its first run predicted told in words under them), its runs (each opens on the Run page) and
-the exports.
+first one run again: "verified" only where it held), with the DataLoader against DALI. Then the
+points it measured (the curve its first run predicted told in words under them), its runs (each
+opens on the Run page) and the exports.
 """
 
 from __future__ import annotations
@@ -64,8 +64,9 @@ def answer(session: Session) -> None:
     top = session.recommendations[0] if session.recommendations else None
     scope = job_scope(session.devices)  # whose images/s: the job's, on several lanes
     agreed = session.verify is None or session.verify.verified
-    # one figure a setting: "no change" is yours as the answer predicts it, the settings
-    # measured in alternation their runs pooled (`shown`), and the best is not yours again
+    # one figure a setting: the settings measured in alternation their runs pooled (`shown`),
+    # "no change" one tile (yours: pooled so, else as the answer predicts it), and the best is
+    # not yours again
     kept = top is not None and yours is not None and top.change == workers(yours.setting)
     cols = st.columns(4)
     if yours is not None and not kept:
@@ -74,7 +75,7 @@ def answer(session: Session) -> None:
         tile(
             cols[0], "yours", f"num_workers={yours.setting}", cell(mine),
             help=f"images/s{scope}, {mine.source}; {DATA_WAIT.label} "
-            f"{DATA_WAIT.text(yours.data_wait_frac)}",
+            f"{DATA_WAIT.text(yours.data_wait_frac)} (run {yours.run_id})",
         )  # fmt: skip
     if best is not None and yours is not None and best.setting != yours.setting:
         theirs = shown(session, workers(best.setting).setting)
@@ -93,14 +94,18 @@ def answer(session: Session) -> None:
             + ("" if measured is None else f"; {measured.source}"),
         )  # fmt: skip
     if top is not None and top.predicted_images_per_s is not None:
+        figure = IMAGES_PER_S.cell(top.predicted_images_per_s, top.predicted_error)
+        what = f"images/s{scope} predicted ({top.basis})"
+        again = shown(session, top.change.setting) if kept else None
+        if again is not None and yours is not None and again.run_ids != (yours.run_id,):
+            predicted = IMAGES_PER_S.text(top.predicted_images_per_s, top.predicted_error)
+            figure, what = cell(again), f"images/s{scope}, {again.source}; predicted {predicted}"
         tile(
             cols[3] if not kept else cols[0],
-            "yours, the answer" if kept else "recommended", top.setting,
-            IMAGES_PER_S.cell(top.predicted_images_per_s, top.predicted_error),
+            "yours, the answer" if kept else "recommended", top.setting, figure,
             # a delta's arrow reads its sign: only a verified figure has one
             delta=measured_again(top, agreed, delta=True) if agreed else None,
-            help=f"images/s{scope} predicted ({top.basis}); verified: run again, known within "
-            "the precision asked, and agreeing"
+            help=f"{what}; verified: run again, known within the precision asked, and agreeing"
             + ("" if agreed else f"; {measured_again(top, agreed) or 'not run again'}"),
         )  # fmt: skip
     if session.recommendations or session.asides:

@@ -98,8 +98,9 @@ def epoch_fixes(
         out.append(
             fix(
                 f"fewer workers than batches per epoch: {counted(now, 'worker')} for "
-                f"{per_epoch:.0f} batches, so {now - fewer} of them sit idle at every epoch "
-                "start, yet each is started or resumed with it",
+                f"{per_epoch:.0f} batches, so {now - fewer} of them "
+                f"{'sits' if now - fewer == 1 else 'sit'} idle at every epoch start, yet each is "
+                "started or resumed with it",
                 workers(fewer),
                 fewer_start,
                 0.0,
@@ -309,7 +310,8 @@ def in_rounds(lane: LaneFacts, lanes: int = 1) -> Recommendation | None:
     basis = (
         f"estimated, not measured: read epoch by epoch, {batches} batches an epoch made in "
         f"rounds of a batch per worker: {epoch_s:,.1f} s an epoch at {counted(now, 'worker')}, "
-        f"{rounds_now} rounds after {starting}{cpu}; {rounds} rounds at {target} workers "
+        f"{counted(rounds_now, 'round')} after {starting}{cpu}; {counted(rounds, 'round')} at "
+        f"{counted(target, 'worker')} "
         f"({fewest} at {settings[-1]}); at most the consumer's rate; `probe doctor --like "
         f"{lane.watched_run or 'RUN'}` measures it"
     )

@@ -150,7 +150,7 @@ def cpu_demand_evidence(facts: LaneFacts) -> list[Evidence]:
             f"the {facts.loaders_text} {hold} the loader, not the CPU (it measured {measured} "
             f"of a cap near {IMAGES_PER_S.text(cap)}{facts.per_lane(cap)}); more {more} give at "
             f"most about that cap, short of what the step could take (it needs "
-            f"{CPU.text(demand * 100)}, has {cores:g})"
+            f"{CPU.text(demand * 100)}, has {cores:g} {'core' if cores == 1 else 'cores'})"
         )
     else:
         text += f"room for that (they could make {IMAGES_PER_S.text(cap)}{facts.per_lane(cap)})"

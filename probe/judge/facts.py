@@ -196,7 +196,7 @@ class LaneFacts:
         Each loader then keeps about a core busy while the others have room: more loaders
         make more, up to the cap."""
         cap, figures = self.cpu_cap_images_per_s, self.figures
-        if self.loaders is None or self.loaders >= self.cores_per_lane or cap is None:
+        if not self.loaders or self.loaders >= self.cores_per_lane or cap is None:
             return False
         rate = Estimate(figures.images_per_s, figures.images_per_s_error, figures.blocks)
         return not at_least(rate, CPU_CAP_NEAR, Estimate(cap, None, figures.blocks))

@@ -268,12 +268,15 @@ class WarmSession:
         return self.lanes.consumer_alone.get(min(self.lanes.plans), None)
 
 
-def budget_short(budget: Budget, later: int = 0) -> str:
-    """Why a point was not measured: the budget, and the budget that would have fitted it."""
+def budget_short(budget: Budget, later: int = 0, after: bool = True) -> str:
+    """Why a point was not measured: the budget, and the budget that would have fitted it with
+    `later` points' worth more: the points planned after it (`after`), else its own length."""
     left = max(0.0, budget.remaining())
     takes = budget.point_cost() + later * budget.typical_cost()
+    planned = f"it and the {counted(later, 'point')} planned after it take"
+    what = planned if later and after else "it takes"
     return (
-        f"what was left of the budget, {left:.0f} s, cannot fit it (it takes at least about "
+        f"what was left of the budget, {left:.0f} s, cannot fit it ({what} at least about "
         f"{takes:.0f} s here): --budget {budget.needed(later)} would"
     )
 

@@ -10,8 +10,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from probe.judge.changes import workers
+from probe.judge.changes import Change, workers
 from probe.judge.dali_run import DaliRun
+from probe.judge.doctor.alternation import PIPELINES_SPREAD, pair_ratio, runs_pairs
 from probe.judge.results import DALI, TORCH, Scaling, Session
 from probe.metrics import CPU, DATA_WAIT, IMAGES_PER_S, NVJPG, against_text, counted
 from probe.present.tables import (
@@ -22,6 +23,7 @@ from probe.present.tables import (
     job_scope,
     run_again,
 )
+from probe.steady import Estimate
 
 
 def doctor_lines(session: Session) -> list[str]:
@@ -94,8 +96,9 @@ def doctor_notes(session: Session) -> list[str]:
             f"{IMAGES_PER_S.text(item.images_per_s, item.images_per_s_error)} (run {item.run_id})"
             for item in verify.in_turn
         ]
-        told = {note for item in session.recommendations for note in item.notes}
-        if verify.outcome and verify.outcome not in told:  # said once: in the answer, else here
+        told = [note for item in session.recommendations for note in item.notes]
+        said = verify.outcome is not None and any(note in verify.outcome for note in told)
+        if verify.outcome and not said:  # said once: in the answer's notes, else here
             lines.append(f"  so: {verify.outcome}")
     if session.startup_s:
         lines.append(
@@ -136,7 +139,7 @@ def shown(session: Session, setting: str) -> Shown | None:
     """A setting's figure on a doctor's pages (`Shown`): of your setting, the best DataLoader
     setting or DALI's; None where the session did not measure it."""
     verify = session.verify
-    pooled = None if verify is None else verify.pooled(setting)
+    pooled = None if verify is None or not verify.pairs else verify.pooled(setting)
     if verify is not None and pooled is not None:
         runs = tuple(item.run_id for item in verify.in_turn if item.setting == setting)
         return Shown(pooled.value, pooled.error, runs)
@@ -150,38 +153,53 @@ def shown(session: Session, setting: str) -> Shown | None:
     return Shown(point.images_per_s, point.images_per_s_error, (point.run_id,))
 
 
+def pairs_gain(session: Session) -> tuple[Estimate, str] | None:
+    """DALI over the DataLoader setting it was measured in alternation with, from the pairs,
+    and that setting; None where no pair of the two was measured. A document from before the
+    verification kept the pairs' ratio has it computed from its runs, as the doctor did."""
+    verify, dali = session.verify, session.dali
+    if verify is None or dali is None or not verify.pairs:
+        return None
+    if verify.ratio is not None and verify.ratio_over is not None:
+        if verify.ratio_over == dali.change.setting:
+            return None  # DALI was the reference: no call between the two pipelines
+        return Estimate(verify.ratio, verify.ratio_error, verify.pairs), verify.ratio_over
+    settings = {item.setting for item in verify.in_turn}
+    if dali.change.setting not in settings or len(settings) != 2:
+        return None
+    (over,) = settings - {dali.change.setting}
+    ratio = pair_ratio(runs_pairs(verify.in_turn, Change.parse(over)), PIPELINES_SPREAD)
+    return None if ratio is None else (ratio, over)
+
+
 def dataloader_against_dali(session: Session) -> str | None:
     """The DataLoader against DALI in a doctor session's own figures, those its answer weighed:
     where the two were measured in alternation, that DataLoader setting and DALI, each its runs
     pooled, and DALI's gain over the pairs; else the best DataLoader setting it measured and
     DALI at its best, with their errors; None where it did not measure both."""
-    best, dali, verify = session.best, session.dali, session.verify
+    best, dali = session.best, session.dali
     if best is None or not best.images_per_s or dali is None or not dali.judged:
         return None
     scope = job_scope(session.devices)
     theirs = shown(session, dali.change.setting)
-    over = None if verify is None else verify.ratio_over
-    paired = verify is not None and verify.ratio is not None and verify.pairs > 0
-    if paired and over is not None and shown(session, over) is not None and theirs is not None:
-        assert verify is not None and verify.ratio is not None
-        loader = shown(session, over)
-        assert loader is not None
-        gain = f"{verify.ratio - 1:+.0%}" + (
-            f" ± {verify.ratio_error:.0%}" if verify.ratio_error is not None else ""
-        )
+    assert theirs is not None  # judged: measured
+    gain = pairs_gain(session)
+    loader = None if gain is None else shown(session, gain[1])
+    if gain is not None and loader is not None:
+        ratio, over = gain
+        error = "" if ratio.error is None else f" ± {ratio.error:.0%}"
         return (
-            f"{IN_ALTERNATION}, {counted(verify.pairs, 'pair')}: "
+            f"{IN_ALTERNATION}, {counted(ratio.blocks, 'pair')}: "
             f"the DataLoader at {over}, {loader.text}{scope} ({loader.source}); DALI at its "
             f"best, {dali.change.setting.removeprefix('DALI ')}, {theirs.text}{scope} "
-            f"({theirs.source}); DALI {gain} over the pairs"
+            f"({theirs.source}); DALI {ratio.value - 1:+.0%}{error} over the pairs"
         )
-    assert dali.images_per_s is not None  # judged
-    loader_text = IMAGES_PER_S.text(best.images_per_s, best.images_per_s_error)
-    dali_text = IMAGES_PER_S.text(dali.images_per_s, dali.images_per_s_error)
+    mine = shown(session, workers(best.setting).setting)
+    assert mine is not None  # the best point: measured
     return (
         f"the best DataLoader setting it measured, num_workers={best.setting}, "
-        f"{loader_text}{scope}; DALI at its best, {dali.change.setting.removeprefix('DALI ')}, "
-        f"{dali_text}{scope} ({dali.images_per_s / best.images_per_s:.2f}x)"
+        f"{mine.text}{scope}; DALI at its best, {dali.change.setting.removeprefix('DALI ')}, "
+        f"{theirs.text}{scope} ({theirs.images_per_s / mine.images_per_s:.2f}x)"
     )
 
 
@@ -251,7 +269,7 @@ def dali_lines(session: Session) -> list[str]:
     assert figure is not None  # judged: measured
     line = f"DALI at its best measured, {dali.change.setting}: {figure.text}{scope}"
     wait = f"{DATA_WAIT.label} {DATA_WAIT.text(dali.data_wait_frac)}"
-    if len(figure.run_ids) > 1:
+    if figure.run_ids != (dali.run_id,):
         line += f", {figure.source} (its search's run: {searched}, {wait})"
     else:
         line += f", {wait}"

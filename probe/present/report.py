@@ -418,14 +418,15 @@ def _session_html(report: Report) -> str:
     against = dataloader_against_dali(session)
     if against is not None and dali is not None and session.best is not None:
         out.append("<h2>DataLoader against DALI</h2>")
-        if not against.startswith(IN_ALTERNATION):  # two runs, drawn; else the pairs, told
+        paired = against.startswith(IN_ALTERNATION)  # the pairs' one comparison, told
+        if not paired:  # two runs, drawn
             ids = {session.best.run_id, dali.run_id}
             shown = [b for b in report.runs if b.run in ids]
             try:
                 out.append(charts.html_div(charts.compare_bars(shown)))
             except ValueError as error:  # a figure that cannot be: said, not drawn
                 out.append(f"<p class='note'>{_h(str(error))}</p>")
-        advice = f" {_prose(dali.advice)}" if dali.advice else ""
+        advice = f" {_prose(dali.advice)}" if dali.advice and not paired else ""  # not twice
         out.append(f"<p>As the session measured them: {_prose(against)}.{advice}</p>")
     elif dali is not None and dali.reason:
         out.append(f"<p>DALI: not measured: {_prose(dali.reason)}</p>")

@@ -35,7 +35,7 @@ from probe.judge.session import Points, WarmSession, point_of, with_change
 from probe.judge.thresholds import EPOCH_START_SHARE, KNEE_POINTS, KNEE_WITHIN
 from probe.judge.verdicts import Verdict, VerdictKind
 from probe.measure.config import ProbeConfig
-from probe.metrics import CPU, IMAGES_PER_S, MEMORY, NVJPG, against_text
+from probe.metrics import CPU, IMAGES_PER_S, MEMORY, NVJPG, against_text, counted
 from probe.records import RunStatus
 from probe.steady import MIN_BLOCKS, Estimate, above, margin, pooled
 from probe.store.db import Store
@@ -392,7 +392,7 @@ def _dali_call(
         out += rest
         dali = replace(dali, advice=either)
     verification = _verification(session, base, top, call, outcome)
-    if top.change == a and not verification.agrees:  # the check decides the loader's figure
+    if top.change == a and verification.pairs and not verification.agrees:  # the check decides
         out = [_repredicted(r, verification) if r.change == a else r for r in out]
     return verification, one_each(out), dali
 
@@ -407,14 +407,16 @@ def _repredicted(loader: Recommendation, verification: Verification) -> Recommen
     was = IMAGES_PER_S.text(
         verification.predicted_images_per_s, verification.predicted_images_per_s_error
     )
+    runs = counted(len(verification.run_ids), "run")
     note = (
-        f"its {len(verification.run_ids)} runs in alternation measured {rate}, apart from the "
-        f"{was} first predicted beyond their errors and the drift: it is predicted at their mean"
+        f"its {runs} in alternation measured {rate}, apart from the {was} first predicted "
+        "beyond their errors and the drift: it is predicted at that"
     )
     return replace(
         loader,
         predicted_images_per_s=verification.measured_images_per_s,
         predicted_error=verification.measured_images_per_s_error,
+        basis=f"measured in alternation: {runs}, pooled (first {was}, {loader.basis})",
         notes=(*loader.notes, note),
     )
 

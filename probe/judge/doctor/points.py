@@ -56,7 +56,7 @@ def epochs_point(
             f"under {EPOCHS_WORTH_MEASURING:.1%} of an epoch",
         )
     if not session.budget.fits(EPOCHS_POINTS - 1):  # whole epochs, each opening on its stall
-        return replace(out, reason=budget_short(session.budget, EPOCHS_POINTS - 1))
+        return replace(out, reason=budget_short(session.budget, EPOCHS_POINTS - 1, after=False))
     config = with_setting(base, "num_workers", baseline.setting)
     config = replace(config, read=Read.EPOCHS, label=f"num_workers={baseline.setting}, epochs")
     document = session.measure(config)

@@ -39,7 +39,7 @@ def sweep_curve(session: Session) -> go.Figure:
     )
     dali_images_per_s = None if measured is None else measured.images_per_s
     dali_label = "DALI" if dali is None else dali.change.setting
-    if measured is not None and len(measured.run_ids) > 1:
+    if measured is not None and dali is not None and measured.run_ids != (dali.run_id,):
         dali_label = f"{dali_label} ({counted(len(measured.run_ids), 'run')} pooled)"
     settings = [p.setting for p in session.points]
     rates = [p.images_per_s for p in session.points]
