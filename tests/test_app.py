@@ -603,12 +603,12 @@ def test_compare_puts_dataloader_and_dali_runs_side_by_side(
     if told is None:  # the doctor did not judge both (a busy host, say): the best shown
         assert line.startswith("**DataLoader against DALI**, of the 2 runs shown")
     else:
-        assert session.best is not None and session.dali is not None
+        assert session.dali is not None
         assert f"as doctor session {doctor['session_id']} measured them" in line
-        best = IMAGES_PER_S.text(session.best.images_per_s, session.best.images_per_s_error)
-        dali = IMAGES_PER_S.text(session.dali.images_per_s, session.dali.images_per_s_error)
-        assert f"num_workers={session.best.setting}, {best}" in line
-        assert f"{session.dali.change.setting.removeprefix('DALI ')}, {dali}" in line
+        assert f": {told}." in line  # its figures as its Session page gives them (`shown`)
+        theirs = shown_figure(session, session.dali.change.setting)
+        assert theirs is not None
+        assert f"{session.dali.change.setting.removeprefix('DALI ')}, {theirs.text}" in line
         at.multiselect(key="compare-runs").set_value(doctor["run_ids"]).run()  # all of them
         shown = next(text for text in texts(at.markdown) if "DataLoader against DALI" in text)
         assert f"{told}." in shown

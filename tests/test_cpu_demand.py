@@ -146,7 +146,7 @@ def test_workers_short_of_the_cores_hold_the_loader_below_the_cpus_cap() -> None
     assert demand.endswith(
         "46.5 cores' worth; the lane may use 16 cores: the 4 workers hold the loader, not the "
         "CPU (it measured 200 ± 20 images/s of a cap near 800 images/s); more workers give at "
-        "most about that cap, short of what the step could take (it needs 46.5 cores, has 16)"
+        "most about that cap, short of what the step could take (it needs 46.5 cores, has 16 cores)"
     )
 
 
@@ -209,7 +209,7 @@ def test_a_loader_well_below_its_cpu_cap_is_not_capped() -> None:
         "640 images/s, 3.0 cores' worth; the lane may use 2 cores, 0.1 of them used by other "
         "processes: the 1 worker holds the loader, not the CPU (it measured 232 ± 9 images/s "
         "of a cap near 409 images/s); more workers give at most about that cap, short of what "
-        "the step could take (it needs 3.0 cores, has 2)"
+        "the step could take (it needs 3.0 cores, has 2 cores)"
     )
     first, dali = diagnosis.recommendations
     assert first.action == "raise num_workers from 1 to 2"

@@ -358,7 +358,8 @@ def test_a_doctor_session_is_its_document_and_back() -> None:
     assert list(document["verify"]) == [
         "setting", "predicted_images_per_s", "predicted_images_per_s_error",
         "measured_images_per_s", "measured_images_per_s_error", "error_frac", "agrees",
-        "host_busy", "run_id", "in_turn", "outcome", "precise", "verified",
+        "host_busy", "run_id", "in_turn", "outcome", "precise", "verified", "run_ids", "ratio",
+        "ratio_error", "ratio_over",
     ]  # fmt: skip
     assert document["verify"]["setting"] == "num_workers=2"
     again = Session.from_json(document)
