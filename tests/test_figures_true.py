@@ -176,3 +176,30 @@ def test_a_count_of_one_is_singular() -> None:
     assert counted(1, "batch") == "1 batch" and counted(2, "batch") == "2 batches"
     assert counted(1, "worker") == "1 worker" and counted(1_000, "run") == "1,000 runs"
     assert counted(0, "pair") == "0 pairs"
+
+
+# `probe doctor` on the idle 2-core machine after the change (tests/benchmarks/results/
+# 2026-11-28-figures): the pairs' ratio kept in the verification
+PAIRS = Path(__file__).parent / "benchmarks" / "results" / "2026-11-28-figures" / "show1.json"
+
+
+def test_a_session_recorded_with_its_pairs_says_each_figure_once() -> None:
+    """The issue's sentence that did not parse ("... differ by of the bar: no longer session
+    would decide it"), repeated up to five times an answer: said once, in the answer's note;
+    each run named beside a figure measured it; the comparison is the pairs' kept ratio."""
+    document = json.loads(PAIRS.read_text())
+    session = Session.from_json(document)
+    text = "\n".join(doctor_lines(session))
+    assert text.count("session would decide it") == 1
+    assert session.verify is not None and session.verify.outcome is not None
+    assert text.count(session.verify.outcome) == 1
+    figures = run_figures(document)
+    quoted = QUOTED.findall(text)
+    assert len(quoted) >= 12
+    for figure, run_id in quoted:
+        assert figure == f"{figures[run_id]:,.0f}", (figure, run_id)
+    assert session.verify.ratio is not None and session.verify.ratio_over == "num_workers=2"
+    told = dataloader_against_dali(session)
+    assert told is not None and told.endswith(
+        f"DALI {session.verify.ratio - 1:+.0%} ± {session.verify.ratio_error:.0%} over the pairs"
+    )
