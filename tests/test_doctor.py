@@ -340,7 +340,7 @@ def test_like_a_watched_job_the_doctor_measures_dali_on_its_own_files(
                    answer=False):  # fmt: skip
         pass
     with Store(db) as store:
-        job, tensors = sorted(store.runs(), key=lambda r: r.created)  # the job first
+        job, tensors = sorted(store.runs(), key=lambda r: r.started_ns)  # the job first
     refused = probe_cli("doctor", "--like", tensors.run_id, "--db", db, "--gpus", "none")
     assert refused.returncode == 2 and not refused.stdout
     (line,) = refused.stderr.strip().splitlines()
