@@ -110,9 +110,6 @@ def doctor_notes(session: Session) -> list[str]:
     return lines
 
 
-IN_ALTERNATION = "measured in alternation"  # how `dataloader_against_dali` opens on the pairs
-
-
 @dataclass(frozen=True)
 class Shown:
     """A setting's figure as a doctor's pages show it, and what it is of: its runs in
@@ -189,7 +186,7 @@ def dataloader_against_dali(session: Session) -> str | None:
         ratio, over = gain
         error = "" if ratio.error is None else f" ± {ratio.error:.0%}"
         return (
-            f"{IN_ALTERNATION}, {counted(ratio.blocks, 'pair')}: "
+            f"measured in alternation, {counted(ratio.blocks, 'pair')}: "
             f"the DataLoader at {over}, {loader.text}{scope} ({loader.source}); DALI at its "
             f"best, {dali.change.setting.removeprefix('DALI ')}, {theirs.text}{scope} "
             f"({theirs.source}); DALI {ratio.value - 1:+.0%}{error} over the pairs"

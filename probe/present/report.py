@@ -37,10 +37,10 @@ from probe.judge.verdicts import Verdict, VerdictKind
 from probe.metrics import IMAGES_PER_S, MEMORY, STAGE_TIME, STAGES
 from probe.present import charts
 from probe.present.doctor_tables import (
-    IN_ALTERNATION,
     dali_grid,
     dali_lines,
     dataloader_against_dali,
+    pairs_gain,
     scaling_grid,
     scaling_lines,
 )
@@ -418,7 +418,7 @@ def _session_html(report: Report) -> str:
     against = dataloader_against_dali(session)
     if against is not None and dali is not None and session.best is not None:
         out.append("<h2>DataLoader against DALI</h2>")
-        paired = against.startswith(IN_ALTERNATION)  # the pairs' one comparison, told
+        paired = pairs_gain(session) is not None  # the pairs' one comparison, told
         if not paired:  # two runs, drawn
             ids = {session.best.run_id, dali.run_id}
             shown = [b for b in report.runs if b.run in ids]
