@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shutil
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from pipelines.errors import InputError
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 PROC_CGROUP = "/proc/self/cgroup"
@@ -42,6 +45,7 @@ class CpuLimits:
     source: str | None  # the file that gave `quota`
     # for each limit that could not be read: "cgroup CPU quota unknown, because <why>"
     unknown: tuple[str, ...] = ()
+    cpu_set: str | None = None  # the cores its affinity mask names, as taskset lists them: 0-15
 
     @property
     def cores(self) -> float:
@@ -73,6 +77,7 @@ class CpuLimits:
             "source": self.source,
             "unknown": list(self.unknown),
             "cores": self.cores,
+            "cpu_set": self.cpu_set,
         }
 
     @classmethod
@@ -87,7 +92,64 @@ class CpuLimits:
             quota=None if quota is None else float(quota),
             source=data.get("source"),
             unknown=tuple(data.get("unknown") or ()),
+            cpu_set=data.get("cpu_set"),
         )
+
+
+def cpu_set_text(cores: Iterable[int]) -> str:
+    """Cores as taskset lists them, runs joined: {0, 1, 2, 3, 8} -> "0-3,8"."""
+    runs: list[list[int]] = []
+    for core in sorted(set(cores)):
+        if runs and core == runs[-1][1] + 1:
+            runs[-1][1] = core
+        else:
+            runs.append([core, core])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def parse_cpu_set(text: str) -> frozenset[int]:
+    """Cores as taskset lists them ("0-15,32-47", "3").
+
+    Raises:
+        InputError: anything else.
+    """
+    cores: set[int] = set()
+    for part in str(text).split(","):
+        found = re.fullmatch(r"\s*(\d+)(?:-(\d+))?\s*", part)
+        low, high = (0, -1) if found is None else (int(found[1]), int(found[2] or found[1]))
+        if high < low:
+            raise InputError(
+                f"--cores takes cores as taskset lists them, like 0-15,32-47 (got {text!r})"
+            )
+        cores.update(range(low, high + 1))
+    return frozenset(cores)
+
+
+def own_cores() -> frozenset[int] | None:
+    """The cores this process's affinity mask names (None: the platform has none)."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    return frozenset(os.sched_getaffinity(0))
+
+
+def keep_to_cores(text: str) -> frozenset[int]:
+    """Keeps this process, and what it starts from now on, to the cores `text` lists
+    (`parse_cpu_set`), as `taskset -c` would; returns them.
+
+    Raises:
+        InputError: a list it cannot read, or cores this process may not use.
+    """
+    cores = parse_cpu_set(text)
+    allowed = own_cores()
+    if allowed is None:
+        raise InputError("--cores: this platform has no CPU affinity to set")
+    if not cores <= allowed:
+        raise InputError(
+            f"--cores {text}: cores {cpu_set_text(cores - allowed)} are not this process's to "
+            f"use (it may use {cpu_set_text(allowed)})"
+        )
+    os.sched_setaffinity(0, cores)
+    return cores
 
 
 @dataclass(frozen=True)
@@ -141,10 +203,11 @@ def cpu_limits(root: str = CGROUP_ROOT, proc_cgroup: str = PROC_CGROUP) -> CpuLi
     file systems are mounted; `proc_cgroup`: the process's cgroup list). Never raises: what
     cannot be read is a sentence in `unknown`."""
     unknown: list[str] = []
-    affinity = None
+    affinity = cpu_set = None
     if hasattr(os, "sched_getaffinity"):
         try:
-            affinity = len(os.sched_getaffinity(0))
+            mask = os.sched_getaffinity(0)
+            affinity, cpu_set = len(mask), cpu_set_text(mask)
         except OSError as error:
             unknown.append(f"CPU affinity unknown, because {error.strerror}")
     quota: float | None = None
@@ -169,6 +232,7 @@ def cpu_limits(root: str = CGROUP_ROOT, proc_cgroup: str = PROC_CGROUP) -> CpuLi
         quota=quota,
         source=source,
         unknown=tuple(dict.fromkeys(unknown)),
+        cpu_set=cpu_set,
     )
 
 

@@ -137,8 +137,9 @@ def test_each_cause_has_its_rule(changes: dict[str, Any], kind: VerdictKind) -> 
         # an error three times the figure: fed cannot be told from starved
         ({"batches": 12, "blocks": 4, "data_wait_frac": 0.151, "data_wait_frac_error": 0.461},
          "as large as the figure"),
-        ({"batches": 40, "blocks": 10, "data_wait_frac": 0.03, "data_wait_frac_error": 0.035},
-         "as large as the figure"),
+        # an interval that straddles 20%
+        ({"batches": 40, "blocks": 10, "data_wait_frac": 0.10, "data_wait_frac_error": 0.12},
+         "its interval reaching 20%"),
     ],
 )  # fmt: skip
 def test_a_short_loader_is_not_judged(changes: dict[str, Any], why: str) -> None:
@@ -149,6 +150,36 @@ def test_a_short_loader_is_not_judged(changes: dict[str, Any], why: str) -> None
     assert why in evidence.text
     diagnosis = judge_run("r", RunStatus.COMPLETED, [lane(**changes)])
     assert diagnosis.verdict.kind is VerdictKind.UNKNOWN and not diagnosis.recommendations
+
+
+@pytest.mark.parametrize(
+    ("wait", "error", "kind"),
+    [
+        (0.03, 0.035, VerdictKind.FED_WITHIN_ERROR),  # about 100 batches of a GPU-bound job
+        (0.08, 0.09, VerdictKind.FED_WITHIN_ERROR),
+        (0.02, 0.02, VerdictKind.FED),  # its interval below 5%: fed outright
+        (0.01, 0.005, VerdictKind.FED),
+    ],
+)
+def test_an_interval_below_20_percent_throughout_is_fed(
+    wait: float, error: float, kind: VerdictKind
+) -> None:
+    """Fed is a verdict: an interval wholly below 20% tells a lane fed, or at most moderately
+    input-bound, though its error is as large as its figure; no loader change, with what holds
+    the job instead and the most a loader could gain."""
+    fed = lane(batches=100, blocks=10, data_wait_frac=wait, data_wait_frac_error=error,
+               step_ms_p50=30.0)  # fmt: skip
+    diagnosis = judge_run("r", RunStatus.COMPLETED, [fed])
+    assert diagnosis.verdict.kind is kind and diagnosis.verdict.severity is Severity.NONE
+    (change,) = diagnosis.recommendations
+    assert change.setting == "no change"
+    assert change.predicted_images_per_s == fed.figures.images_per_s
+    if kind is VerdictKind.FED_WITHIN_ERROR:
+        assert "below 20% throughout" in diagnosis.verdict.evidence[0].text
+        gain = 1 / (1 - wait - error) - 1
+        assert change.action.startswith("no loader change: fed, or at most moderately")
+        assert f"would gain at most {gain:.0%}" in change.action
+        assert "the training step holds the job" in change.action
 
 
 def test_a_loader_in_the_training_process_is_told_from_0_workers() -> None:

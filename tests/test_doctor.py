@@ -349,9 +349,13 @@ def test_like_a_watched_job_the_doctor_measures_dali_on_its_own_files(
     result = probe_cli("doctor", "--like", job.run_id, "--db", db, "--gpus", "none",
                        "--budget", "40", "--json")  # fmt: skip
     assert result.returncode == 0, result.stderr
-    said = result.stderr.splitlines()[0]
-    assert said.startswith(f"like run {job.run_id}: --data {photos} --batch-size 6 ")
-    assert "--image-size 48 --workers 1 --no-persistent-workers --consumer sleep:" in said
+    said, command = result.stderr.splitlines()[:2]
+    assert said.startswith(f"like run {job.run_id} (the training loader of its 2): copied data ")
+    files = len(list(photos.glob("*/*.jpg")))
+    assert f"data {photos} (its {files} files), num shards 1, batch size 6, image size 48, " in said
+    assert "workers 1, persistent workers off, consumer sleep:" in said
+    assert command.startswith(f"  as: probe doctor --data {photos} --num-shards 1 --batch-size 6 ")
+    assert "--image-size 48 --workers 1 --no-persistent-workers --consumer sleep:" in command
     session = json.loads(result.stdout)
     assert session["consumer"].startswith("sleep:")
     with Store(db) as store:

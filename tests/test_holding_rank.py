@@ -1,5 +1,5 @@
 """The rank that holds the job: under DDP one rank's slow loader makes every rank wait at the
-gradient all-reduce. The rule on recorded batches (`probe.judge.verdicts.holding_rank`), and a
+gradient all-reduce. The rule on recorded batches (`probe.judge.across_lanes.holding_rank`), and a
 watched DDP job of two CPU ranks (gloo) whose rank 1 reads slowly."""
 
 from __future__ import annotations

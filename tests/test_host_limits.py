@@ -18,15 +18,20 @@ from pathlib import Path
 import psutil
 import pytest
 
+from helpers import probe_cli
 from pipelines import (
     CpuLimits,
+    InputError,
     Throttling,
     available_cpus,
     cpu_limits,
+    cpu_set_text,
     cpu_throttling,
+    parse_cpu_set,
     shm_free_mib,
 )
 from probe.measure.samplers.host import HostSampler
+from probe.present.options import ran_on_cores
 from probe.records import LaneCpuSample, LaneRecord, RunRecord, RunStatus
 from probe.store.db import Store
 from probe.store.schema import SCHEMA_VERSION
@@ -433,3 +438,37 @@ def test_a_schema_5_store_gains_the_lane_memory_columns(tmp_path: Path) -> None:
         ]
     version = sqlite3.connect(path).execute("SELECT value FROM meta").fetchone()[0]
     assert int(version) == SCHEMA_VERSION == 8
+
+
+def test_cores_are_read_and_written_as_taskset_lists_them() -> None:
+    assert cpu_set_text([3, 0, 1, 2, 8, 10, 11]) == "0-3,8,10-11"
+    assert parse_cpu_set("0-3,8,10-11") == frozenset({0, 1, 2, 3, 8, 10, 11})
+    assert parse_cpu_set(" 5 ") == frozenset({5})
+    for bad in ("", "a", "3-1", "-2", "0-"):
+        with pytest.raises(InputError, match="--cores takes cores as taskset lists them"):
+            parse_cpu_set(bad)
+    limits = cpu_limits()
+    if AFFINITY is not None:
+        assert limits.cpu_set == cpu_set_text(os.sched_getaffinity(0))
+    assert CpuLimits.from_json(limits.to_json()) == limits
+
+
+def test_a_run_kept_to_fewer_cores_than_its_machine_is_copied_by_them() -> None:
+    """`--like` copies the cores a run's affinity kept it to, where fewer than its machine's."""
+    narrow = CpuLimits(machine=32, affinity=16, quota=None, source=None, cpu_set="0-15")
+    assert ran_on_cores({"cpu_limits": narrow.to_json()}) == "0-15"
+    whole = CpuLimits(machine=32, affinity=32, quota=None, source=None, cpu_set="0-31")
+    assert ran_on_cores({"cpu_limits": whole.to_json()}) is None
+    assert ran_on_cores({}) is None  # recorded before the cores were
+
+
+@pytest.mark.skipif(AFFINITY is None, reason="no CPU affinity on this platform")
+def test_cores_this_process_may_not_use_are_one_line_and_exit_2(tmp_path: Path) -> None:
+    beyond = max(os.sched_getaffinity(0)) + 1
+    result = probe_cli("run", "--gpus", "none", "--cores", f"0,{beyond}", "--db",
+                       tmp_path / "s.db")  # fmt: skip
+    assert result.returncode == 2 and not result.stdout
+    assert result.stderr.strip().splitlines() == [
+        f"error: --cores 0,{beyond}: cores {beyond} are not this process's to use (it may use "
+        f"{cpu_set_text(os.sched_getaffinity(0))})"
+    ]

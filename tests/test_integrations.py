@@ -32,6 +32,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from helpers import free_port, probe_cli, run_captured, write_jpeg
 from pipelines import InputError
 from probe import watch
+from probe.judge.diagnosis import diagnose_run
+from probe.judge.verdicts import FED_KINDS
 from probe.records import RunStatus
 from probe.store.db import Store
 from probe.store.documents import read_run
@@ -463,6 +465,88 @@ def test_watch_tells_the_answer_when_the_process_exits(tmp_path: Path, answer: b
         "batch (completed; its 2 were warm-up)"
     )
     assert told[-1] == "feedscope:   probe show " + runs["val"]
+
+
+@pytest.mark.skipif(
+    shutil.which("taskset") is None or (os.cpu_count() or 1) < 2,
+    reason="taskset keeps the job to one core of two or more",
+)
+def test_like_last_measures_the_training_loader_on_the_lanes_and_cores_the_job_had(
+    tmp_path: Path, imagenet_folder: Path
+) -> None:
+    """`probe doctor --like last` after a script with a training and a validation loader, run
+    on one core (`taskset -c 0`): the training loader's files (DIR/train, though the validation
+    loader was iterated last), on one lane on the CPU, kept to core 0; its first line says each
+    thing it copied."""
+    db = tmp_path / "store.db"
+    watched = run_captured(
+        ["taskset", "-c", "0", sys.executable, "-m", "probe", "watch", "--db", db, "--",
+         IMAGENET_SHAPED, imagenet_folder, "-j", "1", "--epochs", "1", "-b", "8"],
+        timeout=300,
+    )  # fmt: skip
+    assert watched.returncode == 0, watched.stderr
+    result = probe_cli("doctor", "--like", "last", "--db", db, "--budget", "40", "--json")
+    assert result.returncode == 0, result.stderr
+    with Store(db) as store:
+        train = next(run for run in store.runs() if run.label == "main.py")
+    said = result.stderr.splitlines()[0]
+    assert said.startswith(
+        f"like run {train.run_id} (main.py, the training loader of its 2): copied data "
+        f"{imagenet_folder / 'train'} (its 48 files), "
+    ), said
+    assert ", gpus none, num shards 1, cores 0, batch size 8, image size 64, workers 1, " in said
+    session = json.loads(result.stdout)
+    with Store(db) as store:
+        measured = [read_run(store, run_id) for run_id in session["run_ids"]]
+    assert measured
+    for document in measured:
+        assert document.config["spec"]["data_dir"] == str(imagenet_folder / "train")
+        assert document.config["cores"] == "0"
+        assert document.host["cpu_limits"]["cpu_set"] == "0"
+        assert len(document.lanes) == 1 and document.lanes[0].gpu is None
+
+
+def test_a_script_that_keeps_up_is_told_fed_and_a_loader_of_4_batches_too_few(
+    tmp_path: Path,
+) -> None:
+    """Fed is a verdict: a short step and a fast loader (data-wait of a few percent) over about
+    100 batches is told fed at exit, with its data-wait; a validation loader of 4 batches still
+    gets "too few batches"."""
+    db = tmp_path / "store.db"
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""\
+        import time, torch
+        from torch.utils.data import DataLoader, Dataset
+
+        class Quick(Dataset):
+            def __init__(self, n):
+                self.n = n
+            def __len__(self):
+                return self.n
+            def __getitem__(self, i):
+                time.sleep(0.0001)
+                return torch.zeros(3)
+
+        train = DataLoader(Quick(104), batch_size=2, shuffle=True)
+        val = DataLoader(Quick(16), batch_size=4)
+        for epoch in range(2):
+            for batch in train:
+                time.sleep(0.025)
+            for batch in val:
+                pass
+        """))  # fmt: skip
+    result = probe_cli("watch", "--db", db, "--", script)
+    assert result.returncode == 0, result.stderr
+    told = [line for line in result.stderr.splitlines() if line.startswith("feedscope: ")]
+    assert told[0].startswith("feedscope: train.py, the training loader, "), told
+    assert ": fed" in told[0] and "data-wait" in told[0], told
+    assert "first change: no change: " in told[1], told
+    (val,) = [line for line in told if line.startswith("feedscope: train.py (loader 2), ")]
+    assert "too few batches to judge" in val, val
+    with Store(db) as store:
+        train = max(store.runs(), key=lambda run: run.started_ns if run.label == "train.py" else 0)
+        verdict = diagnose_run(store, train.run_id).verdict
+    assert verdict.kind in FED_KINDS, verdict
 
 
 def test_probe_watch_under_torchrun_makes_one_run_of_two_lanes(

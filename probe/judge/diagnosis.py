@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from pipelines import InputError
+from probe.judge.across_lanes import held_lanes, judge_lanes
 from probe.judge.changes import Recommendation
 from probe.judge.evidence import Evidence
 from probe.judge.facts import LaneFacts, run_facts
@@ -16,14 +17,7 @@ from probe.judge.knee import SweepAnalysis
 from probe.judge.recommend import recommend, set_aside
 from probe.judge.results import Session, SessionKind, read_session
 from probe.judge.thresholds import Severity
-from probe.judge.verdicts import (
-    Verdict,
-    VerdictKind,
-    held_lanes,
-    judge_lane,
-    judge_lanes,
-    rank,
-)
+from probe.judge.verdicts import Verdict, VerdictKind, judge_lane, rank
 from probe.records import RunRecord, RunStatus
 from probe.steady import Estimate
 from probe.store.db import Store

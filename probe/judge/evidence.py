@@ -69,6 +69,11 @@ def wait_evidence(facts: LaneFacts) -> Evidence:
         Severity.MODERATE: f">= {WAIT_MODERATE:.0%}: moderate",
         Severity.NONE: f"< {WAIT_MODERATE:.0%}",
     }[severity_of(wait)]
+    if facts.fed_by_interval:
+        bound = (
+            f"its interval below {WAIT_HIGH:.0%} throughout, its error as large as the figure: "
+            "fed, or at most moderately input-bound"
+        )
     shown = measured(DATA_WAIT, wait, facts.figures.data_wait_frac_error)
     return Evidence(DATA_WAIT.name, wait, f"{shown} of wall time ({bound})")
 

@@ -16,6 +16,8 @@ from probe.judge.thresholds import (
     OTHER_LOAD_MIN_CORES,
     OTHER_LOAD_SHARE,
     STEAL_MOVES_PCT,
+    Severity,
+    severity_of,
 )
 from probe.lane_figures import LaneFigures
 from probe.metrics import per_device
@@ -125,6 +127,25 @@ class LaneFacts:
         if not step or step <= 0.01:
             return None
         return self.batch_size / (step / 1000)
+
+    @property
+    def wait(self) -> Estimate | None:
+        """Its data-wait as an estimate (None: not measured)."""
+        figures = self.figures
+        if figures.data_wait_frac is None:
+            return None
+        return Estimate(figures.data_wait_frac, figures.data_wait_frac_error, figures.blocks)
+
+    @property
+    def fed_by_interval(self) -> bool:
+        """Whether its data-wait tells it fed by its interval alone: judged, an error as large
+        as the figure (it cannot be told from no wait at all), its upper end below WAIT_HIGH and
+        at WAIT_MODERATE or above (below that, the figure tells it fed outright). Fed, or at
+        most moderately input-bound: no loader change is worth making for it."""
+        wait = self.wait
+        if wait is None or wait.error is None or not wait.judged or wait.error < wait.value:
+            return False
+        return severity_of(wait.value + wait.error) is Severity.MODERATE
 
     @property
     def epoch_share(self) -> float:

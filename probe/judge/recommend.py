@@ -26,9 +26,9 @@ from probe.judge.facts import LaneFacts
 from probe.judge.knee import SweepAnalysis, SweepPoint
 from probe.judge.model import Curve, curve_of
 from probe.judge.recommend_dali import in_dalis_terms, more_threads, off_the_sms, to_dali_estimate
-from probe.judge.thresholds import KNEE_POINTS, KNEE_WITHIN
-from probe.judge.verdicts import STARVED, Verdict, VerdictKind, rank
-from probe.metrics import CPU_PER_IMAGE, IMAGES_PER_S, against_text
+from probe.judge.thresholds import KNEE_POINTS, KNEE_WITHIN, WAIT_HIGH
+from probe.judge.verdicts import FED_KINDS, STARVED, Verdict, VerdictKind, rank
+from probe.metrics import CPU_PER_IMAGE, DATA_WAIT, IMAGES_PER_S, against_text
 from probe.steady import Estimate, above
 
 
@@ -45,16 +45,8 @@ def recommend(
         return [_measure_again()]
     lanes = len(facts)  # every prediction is for the job: all its lanes
     out: list[Recommendation] = []
-    if verdict.kind is VerdictKind.FED:
-        dali = "" if lane.backend == "dali" else ", and DALI would not help"
-        out.append(
-            Recommendation(
-                f"compute-bound: the pipeline keeps up{dali}",
-                NO_CHANGE,
-                sum(f.figures.images_per_s for f in facts),
-                "measured in this run",
-            )
-        )
+    if verdict.kind in FED_KINDS:
+        out.append(_keeps_up(facts, lane, verdict))
     if _more_workers_help(lane, verdict):
         if sweep is not None and sweep.knob == Knob.NUM_WORKERS.value:
             out += _measured_workers(lane, sweep, lanes)
@@ -118,6 +110,31 @@ def _to_dali(lane: LaneFacts, verdict: Verdict, lanes: int) -> list[Recommendati
         f"{IMAGES_PER_S.text(rate)}{lane.per_lane(rate)} the step could take"
     )
     return [replace(dali, notes=(*dali.notes, note))]
+
+
+def _keeps_up(facts: Sequence[LaneFacts], lane: LaneFacts, verdict: Verdict) -> Recommendation:
+    """No change for a fed job, measured as it ran; told by its interval alone
+    (`LaneFacts.fed_by_interval`), with what holds it instead and the most a loader that never
+    made it wait could gain."""
+    action = "compute-bound: the pipeline keeps up"
+    if verdict.kind is VerdictKind.FED_WITHIN_ERROR:
+        figures = lane.figures
+        wait, error = figures.data_wait_frac or 0.0, figures.data_wait_frac_error or 0.0
+        held = ""
+        if lane.step_ms_mean is not None and lane.batch_ms_mean is not None:
+            held = f" ({lane.step_ms_mean:.1f} ms of each {lane.batch_ms_mean:.1f} ms batch)"
+        action = (
+            f"no loader change: fed, or at most moderately input-bound ({DATA_WAIT.label} "
+            f"{DATA_WAIT.text(wait, error)}, below {WAIT_HIGH:.0%} throughout): the training "
+            f"step holds the job{held}; a loader that never made it wait would gain at most "
+            f"{1 / (1 - wait - error) - 1:.0%}"
+        )
+    return Recommendation(
+        action + ("" if lane.backend == "dali" else ", and DALI would not help"),
+        NO_CHANGE,
+        sum(f.figures.images_per_s for f in facts),
+        "measured in this run",
+    )
 
 
 def _more_workers_help(lane: LaneFacts, verdict: Verdict) -> bool:
@@ -404,7 +421,7 @@ def recommend_measured(
         action = "no change: num_workers is at the knee of the sweep"
         if len(analysis.points) < KNEE_POINTS:  # a knee needs a point beside it
             action = "no change: yours was the one DataLoader setting measured"
-        if verdict.kind is VerdictKind.FED:
+        if verdict.kind in FED_KINDS:
             action = "no change: compute-bound; the DataLoader keeps up and DALI would not help"
         return [_measured(action, baseline, curve)]
     if knee.setting < baseline.setting:

@@ -20,7 +20,7 @@ from probe.judge.thresholds import (
     HW_DECODER_STEP,
     NVJPG_SATURATED_PCT,
 )
-from probe.judge.verdicts import Verdict, VerdictKind
+from probe.judge.verdicts import FED_KINDS, Verdict, VerdictKind
 from probe.metrics import IMAGES_PER_S, NVJPG
 from probe.steady import MIN_BLOCKS, Estimate, above, margin
 
@@ -207,7 +207,7 @@ def dali_advice(
     shown = IMAGES_PER_S.cell(dali.images_per_s, dali.images_per_s_error)
     versus = f"{gain:+.0%} on {setting} ({IMAGES_PER_S.cell(reference.value, reference.error)})"
     frees = "" if freed is None else f"; it {freed.text}"
-    if verdict.kind is VerdictKind.FED:
+    if verdict.kind in FED_KINDS:
         return (
             f"DALI would not help: the DataLoader feeds the GPU (compute-bound); DALI measured "
             f"{shown} images/s, {versus}{frees}"

@@ -106,6 +106,7 @@ class ProbeConfig:
     label: str | None = None
     torchrun: bool = False  # one rank's lane of a run launched by torchrun
     metrics_port: int | None = None  # the lanes' figures for Prometheus (+ LOCAL_RANK)
+    cores: str | None = None  # the cores it was kept to (--cores); None: the process's own
 
     def __post_init__(self) -> None:
         if not self.lanes:
@@ -234,6 +235,7 @@ def config_dict(config: ProbeConfig, checked: Checked) -> dict[str, Any]:
         "enough_s": config.enough_s,
         "sample_hz": config.sample_hz,
         "stall_s": config.stall_s,
+        "cores": config.cores,
         "num_classes": checked.num_classes,
         "data_notes": list(checked.notes),
         "world_size": config.lanes[0].num_shards if config.torchrun else len(config.lanes),

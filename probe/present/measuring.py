@@ -24,7 +24,11 @@ from pipelines import (
     available_cpus,
     check_backend,
     check_device,
+    cpu_set_text,
     discover,
+    keep_to_cores,
+    own_cores,
+    parse_cpu_set,
 )
 from pipelines.loader import cuda_device_count
 from probe.measure.bench import BenchResult
@@ -38,6 +42,7 @@ from probe.present.options import (
     PipelineArgs,
     argv,
     check_budget,
+    copied_text,
     doctor_budget,
     doctor_consumer_note,
     like_values,
@@ -69,16 +74,36 @@ EXIT_FAILED, EXIT_INTERRUPTED = 1, 130
 
 
 def _like(
-    db: Path | None, run_id: str, pipeline: PipelineArgs, lanes: LaneArgs, given: Collection[str]
+    db: Path | None, wanted: str, pipeline: PipelineArgs, lanes: LaneArgs, given: Collection[str]
 ) -> tuple[str, PipelineArgs, LaneArgs]:
-    """The run `run_id` names (its whole id), and the doctor's flags as it ran (`like_values`)
-    where `given` sets none."""
+    """The run `wanted` names, as `probe show` reads it (`last`: a watched script's training
+    loader; a session: the run its figures come from), its whole id, and the doctor's flags as
+    it ran (`like_values`) where `given` sets none; the first line says what it copied."""
+    from probe.judge.results import focus_run, resolve_subject
+
     with Store(db, create=db is None) as store:
-        document = read_run(store, store.run(run_id).run_id)
+        run = store.run(focus_run(store, resolve_subject(store, wanted)))
+        document = read_run(store, run.run_id)
+        loaders = store.loaders(run)
     values = {k: v for k, v in like_values(document).items() if k not in given}
+    cores, here = values.get("cores"), own_cores()
+    kept = ""
+    if cores is not None and here is not None and not parse_cpu_set(cores) <= here:
+        kept = (
+            f"; its cores ({cores}) are not all this process's ({cpu_set_text(here)}): "
+            "measured on this process's own"
+        )
+        del values["cores"]
+    role = ""
+    if len(loaders) > 1:
+        role = f", the training loader of its {len(loaders)}"
+    named = f"{document.label}{role}" if document.label else role.lstrip(", ")
     files = document.config.get("spec", {}).get("data_files")
-    read = f"; the job read {files:,} files of it" if files else ""
-    console.err.print(f"like run {document.run_id}: {shlex.join(argv('doctor', values))}{read}")
+    console.err.print(
+        f"like run {document.run_id}{f' ({named})' if named else ''}: copied "
+        f"{copied_text(values, files)}{kept}"
+    )
+    console.err.print(f"  as: probe doctor {shlex.join(argv('doctor', values))}")
     consumer = str(values.get("consumer", ""))
     if consumer.startswith("sleep:") and "@" not in consumer:
         lane = max(document.lanes, key=lambda lane: lane.figures.step_ms_p50 or 0.0)
@@ -184,6 +209,8 @@ def prepare(
     the sample data on first use). Under torchrun, the rank's one lane."""
     from probe.measure.config import check_batch_fits, check_config
 
+    if lanes.cores is not None:
+        keep_to_cores(lanes.cores)
     config = probe_config(pipeline, lanes, backend, batches, duration, label, rank)
     if session is not None:
         check_budget(session[0], session[1], config)
@@ -420,6 +447,8 @@ def doctor(
 
     if like is not None:
         like, pipeline, lanes = _like(db, like, pipeline, lanes, given)
+    if lanes.cores is not None:  # before the budget and the lanes are planned on the cores
+        keep_to_cores(lanes.cores)
     if lanes.read != "stream":
         raise InputError(
             "--read: the doctor reads your setting both ways itself (as one stream, and epoch "

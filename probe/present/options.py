@@ -27,6 +27,7 @@ from pipelines import (
     PipelineSpec,
     available_cpus,
     check_backend,
+    parse_cpu_set,
 )
 from pipelines.sample_data import default_sample_dir
 from probe.lane_figures import LaneFigures
@@ -129,6 +130,10 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--num-shards", "num_shards", "lanes.0.num_shards", int, None,
          "Shards the dataset is split into; lane i reads shard i.  [default: one per GPU; on "
          "the CPU, 1]",
+         group="lanes"),
+    Flag("--cores", "cores", "cores", str, None,
+         "CPU cores to measure on, as taskset lists them (0-15,32-47).  [default: the cores "
+         "this process may use]",
          group="lanes"),
     Flag("--batch-size", "batch_size", "spec.batch_size", int, None,
          f"Images per batch.  [default: {GPU_BATCH_SIZE} on a GPU, {CPU_BATCH_SIZE} on the "
@@ -312,6 +317,7 @@ class LaneArgs:
 
     gpus: str | None
     num_shards: int | None
+    cores: str | None
     consumer: str
     read: str
     warmup: str
@@ -375,6 +381,8 @@ def probe_config(
 
     consumer = parse_consumer(lanes.consumer)
     check_model(consumer)
+    if lanes.cores is not None:
+        parse_cpu_set(lanes.cores)  # kept to them where it measures (`keep_to_cores`)
     if rank is None:
         plans = plan_lanes(select_gpus(lanes.gpus, cuda_devices()), lanes.num_shards)
         lanes_here = len(plans)
@@ -398,6 +406,7 @@ def probe_config(
         precision=lanes.precision_share(),
         sample_hz=lanes.sample_hz,
         stall_s=lanes.stall_bound(),
+        cores=lanes.cores,
         label=label,
         torchrun=rank is not None,
     )
@@ -533,10 +542,38 @@ def stand_in(figures: LaneFigures) -> str:
     return f"{step}@{max(1, round(held))}%"
 
 
+def copied_text(values: Mapping[str, Any], files: int | None = None) -> str:
+    """What `like_values` copied, each by its flag's name: "data /d (its 384 files), batch size
+    6, ..., gpus 0, cores 0-15"; `files`: how many of the folder's files the job read."""
+    said = []
+    for flag in flags("doctor"):
+        value = values.get(flag.dest)
+        if value is None:
+            continue
+        if flag.type is bool:
+            value = "on" if value else "off"
+        elif flag.dest == "data_dir" and files:
+            value = f"{value} (its {files:,} files)"
+        said.append(f"{flag.label} {value}")
+    return ", ".join(said) or "nothing"
+
+
+def ran_on_cores(host: Mapping[str, Any]) -> str | None:
+    """The cores a run's process was kept to, as taskset lists them, where its affinity named
+    fewer than its machine's (None: all of them, or not recorded)."""
+    limits = host.get("cpu_limits") or {}
+    affinity, machine = limits.get("affinity"), limits.get("machine")
+    if affinity is None or machine is None or affinity >= machine:
+        return None
+    return limits.get("cpu_set")
+
+
 def like_values(document: RunDocument) -> dict[str, Any]:
     """`probe doctor`'s flag values (by `dest`) that measure like a stored run: a watched job's
-    files (the folder they share), batch size, image size, workers or threads, and its slowest
-    lane's step as the consumer (`stand_in`); a probe run's own flags.
+    files (the folder they share), batch size, image size, workers or threads, its slowest
+    lane's step as the consumer (`stand_in`) and its lanes (its GPUs, or as many on the CPU); a
+    probe run's own flags; either's cores, where its affinity kept it to fewer than its
+    machine's (`ran_on_cores`).
 
     Raises:
         InputError: the run's dataset names no files that can be read, with what to pass.
@@ -557,6 +594,7 @@ def like_values(document: RunDocument) -> dict[str, Any]:
                       default=None)  # fmt: skip
         images = sum(f.images for f in measured)
         loader, dali = spec.get("dataloader", {}), spec.get("dali", {})
+        gpus = sorted({lane.gpu for lane in document.lanes}, key=lambda gpu: gpu or 0)
         values = {
             "data_dir": Path(folder),
             "batch_size": spec.get("batch_size")
@@ -566,6 +604,9 @@ def like_values(document: RunDocument) -> dict[str, Any]:
             "threads": dali.get("num_threads"),
             "persistent_workers": loader.get("persistent_workers"),
             "consumer": None if slowest is None else stand_in(slowest),
+            "gpus": _gpus_text(gpus),
+            "num_shards": len(document.lanes) if None in gpus else None,
         }
+    values["cores"] = values.get("cores") or ran_on_cores(document.host)
     doctor = {flag.dest for flag in flags("doctor") if flag.group != "command"}
     return {k: v for k, v in values.items() if v is not None and k in doctor - {"read"}}

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from probe.judge.changes import Recommendation
 from probe.judge.results import EpochsRun, Session, SessionKind
 from probe.judge.thresholds import KNEE_WITHIN, Severity
-from probe.judge.verdicts import Verdict, VerdictKind
+from probe.judge.verdicts import FED_KINDS, Verdict, VerdictKind
 from probe.judge.verdicts import rank as verdict_rank
 from probe.lane_figures import LaneFigures
 from probe.metrics import (
@@ -539,8 +539,8 @@ def loader_lines(
         batches = sum(lane.figures.batches for lane in document.lanes)
         role = ", the training loader" if index == 0 and len(loaders) > 1 else ""
         told = headline(verdict)
-        if verdict.kind is VerdictKind.UNKNOWN:  # what was measured, and why it is not enough
-            told += f": {verdict.evidence[0].text}"
+        if verdict.kind is VerdictKind.UNKNOWN or verdict.kind in FED_KINDS:
+            told += f": {verdict.evidence[0].text}"  # what was measured, and how it tells
         measured = counted(batches, "batch")
         lines.append(f"{document.label or document.run_id}{role}, {measured} measured: {told}")
         lines += also_lines(verdict, findings, "  ", headlines=True)

@@ -33,7 +33,7 @@ from probe.judge.recommend_dali import (
 from probe.judge.results import EpochsRun, Verification
 from probe.judge.session import Points, WarmSession, point_of, with_change
 from probe.judge.thresholds import EPOCH_START_SHARE, KNEE_POINTS, KNEE_WITHIN
-from probe.judge.verdicts import Verdict, VerdictKind
+from probe.judge.verdicts import FED_KINDS, Verdict, VerdictKind
 from probe.measure.config import ProbeConfig
 from probe.metrics import CPU, IMAGES_PER_S, MEMORY, NVJPG, against_text, counted
 from probe.records import RunStatus
@@ -65,7 +65,7 @@ def baseline_verdict(
     evidence = (*verdict.evidence, Evidence("images_per_s", best.images_per_s, text))
     if busy:
         settings = ", ".join(f"num_workers={p.setting}" for p in busy)
-        fed = verdict.kind is VerdictKind.FED  # fed even so: that answer holds
+        fed = verdict.kind in FED_KINDS  # fed even so: that answer holds
         note = Evidence(
             "host_busy",
             float(len(busy)),

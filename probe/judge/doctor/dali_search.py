@@ -51,6 +51,7 @@ HOLDS = {
     VerdictKind.DALI_DECODER_SATURATED: HELD_BY_DECODER,
     VerdictKind.GPU_SHARED: HELD_BY_SMS,
     VerdictKind.FED: HELD_BY_NOTHING,
+    VerdictKind.FED_WITHIN_ERROR: HELD_BY_NOTHING,
 }
 
 
