@@ -10,12 +10,14 @@
 set -euo pipefail
 out="$1"
 root="$(cd "$(dirname "$0")/../.." && pwd)"
-export FEEDSCOPE_DB="$out/feedscope.db" PYTHONUNBUFFERED=1
+export FEEDSCOPE_DB="$out/feedscope.db" PYTHONUNBUFFERED=1 PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
 mkdir -p "$out" /tmp/work
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$out/card.txt" || true
 nproc > "$out/cores.txt"
-python3 -m probe data make /tmp/fed/train --count 12800 --seed 1 > "$out/data.log" 2>&1
-python3 -m probe data make /tmp/fed/val --count 512 --seed 2 >> "$out/data.log" 2>&1
+if [ ! -d /tmp/fed/val ]; then  # made by an earlier call on the same machine: kept
+  python3 -m probe data make /tmp/fed/train --count 12800 --seed 1 > "$out/data.log" 2>&1
+  python3 -m probe data make /tmp/fed/val --count 512 --seed 2 >> "$out/data.log" 2>&1
+fi
 cd /tmp/work  # the script writes its checkpoints here
 taskset -c 0-11 python3 -m probe watch -- python3 "$root/.outside/imagenet_main.py" /tmp/fed \
   -a resnet50 -j 12 -b 128 --epochs 2 --gpu 0 -p 50 > "$out/watch.log" 2>&1 || echo "watch rc $?" >> "$out/watch.log"
