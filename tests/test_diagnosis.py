@@ -182,6 +182,18 @@ def test_an_interval_below_20_percent_throughout_is_fed(
         assert "the training step holds the job" in change.action
 
 
+def test_one_epoch_start_that_spreads_the_blocks_is_named() -> None:
+    """On one H100 (tests/benchmarks/results/2026-11-28-fed-like): a job fed between its epoch
+    starts, whose one measured start (1,007 ms) fell in one of 16 blocks: data-wait 6.4% ±
+    13.9%, not told; the reason names the start and what measures it."""
+    start = EpochStartCost(starts=1, batches_per_epoch=100, opening_batches=12,
+                           stall_ms=1007.0, share=0.063, steady_images_per_s=1661.5)  # fmt: skip
+    verdict = judge_lane(lane(batches=195, blocks=16, data_wait_frac=0.064,
+                              data_wait_frac_error=0.139, epoch_start=start))  # fmt: skip
+    assert verdict.kind is VerdictKind.UNKNOWN
+    assert "its one measured epoch start (1,007 ms, 6.3% of the time)" in verdict.evidence[0].text
+
+
 def test_a_loader_in_the_training_process_is_told_from_0_workers() -> None:
     diagnosis = judge_run("r", RunStatus.COMPLETED, [lane(num_workers=0)])
     assert diagnosis.verdict.kind is VerdictKind.STARVED_CPU_HEADROOM
