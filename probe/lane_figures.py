@@ -39,6 +39,9 @@ class EpochStartCost:
     tail_batches: int = 0  # the batches of each end counted as its tail
     tail_ms: float = 0.0  # per end: its tail's wait beyond the steady wait
     tail_share: float = 0.0  # of the measured time
+    # The error of the lane's data-wait with the starts counted as measured, not as noise: from
+    # its blocks with each start's stall taken out (None in a document stored before).
+    wait_error: float | None = None
 
 
 @dataclass(frozen=True)
@@ -293,6 +296,7 @@ def _epoch_start(
     found = epoch_starts(events, reading.opening)
     if found is None:
         return None
+    evened = [e for e in found.evened(events) if not e.warmup]
     starting = None
     if starts:
         opened = {e.epoch for i, e in enumerate(events) if i and e.epoch != events[i - 1].epoch}
@@ -313,6 +317,7 @@ def _epoch_start(
         tail_batches=found.tail_batches,
         tail_ms=found.tail_s * 1e3,
         tail_share=found.tail_share,
+        wait_error=data_wait(evened, reading.loaders).error,
     )
 
 

@@ -27,7 +27,7 @@ import math
 import statistics
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from probe.records import BatchEvent
 
@@ -358,6 +358,16 @@ class EpochStarts:
     tail_batches: int  # the batches of each end counted as its tail
     tail_s: float  # per end: its tail batches' wait beyond the steady wait
     tail_share: float  # of the measured time
+    steady_wait_s: float = 0.0  # the mean wait of the batches that neither open nor end one
+    opening_at: frozenset[int] = frozenset()  # the indices of those that open one, in `events`
+
+    def evened(self, events: Sequence[BatchEvent]) -> list[BatchEvent]:
+        """`events` (those this record was found in) with the epoch starts' stalls taken out:
+        no batch that opens an epoch waits longer than the steady wait."""
+        return [
+            replace(e, wait_s=min(e.wait_s, self.steady_wait_s)) if j in self.opening_at else e
+            for j, e in enumerate(events)
+        ]
 
 
 def tail_batches(batches_per_epoch: float, opening: int) -> int:
@@ -434,6 +444,8 @@ def epoch_starts(events: Sequence[BatchEvent], opening: int) -> EpochStarts | No
         tail_batches=tail if ending_at else 0,
         tail_s=tail_total / len(ending_at) if ending_at else 0.0,
         tail_share=tail_total / seconds if seconds > 0 else 0.0,
+        steady_wait_s=steady_wait,
+        opening_at=frozenset(opening_at),
     )
 
 

@@ -182,16 +182,24 @@ def test_an_interval_below_20_percent_throughout_is_fed(
         assert "the training step holds the job" in change.action
 
 
-def test_one_epoch_start_that_spreads_the_blocks_is_named() -> None:
+def test_an_epoch_start_is_judged_as_measured_not_as_noise_in_its_block() -> None:
     """On one H100 (tests/benchmarks/results/2026-11-28-fed-like): a job fed between its epoch
-    starts, whose one measured start (1,007 ms) fell in one of 16 blocks: data-wait 6.4% ±
-    13.9%, not told; the reason names the start and what measures it."""
-    start = EpochStartCost(starts=1, batches_per_epoch=100, opening_batches=12,
-                           stall_ms=1007.0, share=0.063, steady_images_per_s=1661.5)  # fmt: skip
-    verdict = judge_lane(lane(batches=195, blocks=16, data_wait_frac=0.064,
-                              data_wait_frac_error=0.139, epoch_start=start))  # fmt: skip
-    assert verdict.kind is VerdictKind.UNKNOWN
-    assert "its one measured epoch start (1,007 ms, 6.3% of the time)" in verdict.evidence[0].text
+    starts, whose one measured start (1,007 ms) fell in one of 16 blocks: 6.4% ± 13.9% by the
+    blocks, ± 0.02% with the start counted as measured. It is judged: starved at its epoch
+    starts (6.3% of the time), moderately; the blocks' own error is said beside it."""
+    start = EpochStartCost(starts=1, batches_per_epoch=100, opening_batches=12, stall_ms=1007.0,
+                           share=0.063, steady_images_per_s=1661.5, wait_error=0.0002)  # fmt: skip
+    spread = lane(batches=195, blocks=16, data_wait_frac=0.064, data_wait_frac_error=0.139,
+                  epoch_start=start)  # fmt: skip
+    verdict = judge_lane(spread)
+    assert verdict.kind is VerdictKind.EPOCH_START_STALL and verdict.severity is Severity.MODERATE
+    assert "data-wait 6.4% ± 0.0% of wall time" in verdict.evidence[0].text
+    assert "(the blocks' own: ± 13.9%)" in verdict.evidence[0].text
+    before = replace(start, wait_error=None)  # a document stored before: the blocks' error
+    assert (
+        judge_lane(replace(spread, figures=replace(spread.figures, epoch_start=before))).kind
+        is VerdictKind.UNKNOWN
+    )
 
 
 def test_a_loader_in_the_training_process_is_told_from_0_workers() -> None:

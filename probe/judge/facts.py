@@ -130,11 +130,18 @@ class LaneFacts:
 
     @property
     def wait(self) -> Estimate | None:
-        """Its data-wait as an estimate (None: not measured)."""
+        """Its data-wait as an estimate, as the rules judge it (None: not measured): where its
+        epoch starts were measured, with their error (`EpochStartCost.wait_error`): a transient
+        measured apart, not noise in the blocks it falls in (one start of a second in one of 16
+        blocks spreads them by as much as the figure)."""
         figures = self.figures
         if figures.data_wait_frac is None:
             return None
-        return Estimate(figures.data_wait_frac, figures.data_wait_frac_error, figures.blocks)
+        error = figures.data_wait_frac_error
+        start = figures.epoch_start
+        if start is not None and start.wait_error is not None:
+            error = start.wait_error
+        return Estimate(figures.data_wait_frac, error, figures.blocks)
 
     @property
     def fed_by_interval(self) -> bool:

@@ -229,7 +229,7 @@ def _too_few(facts: LaneFacts) -> Evidence:
         )
         return Evidence("batches", 0.0, text)
     wait = facts.wait
-    shown = DATA_WAIT.text(figures.data_wait_frac, figures.data_wait_frac_error)
+    shown = DATA_WAIT.text(figures.data_wait_frac, None if wait is None else wait.error)
     if wait is None or not wait.judged:
         why = f"its error needs {MIN_JUDGED_BLOCKS} blocks of batches"
     else:
@@ -237,12 +237,6 @@ def _too_few(facts: LaneFacts) -> Evidence:
             f"an error as large as the figure, its interval reaching {WAIT_HIGH:.0%}: fed "
             "cannot be told from starved"
         )
-        start = figures.epoch_start
-        if start is not None and start.starts == 1 and start.share >= EPOCH_START_SHARE:
-            why += (
-                f"; its one measured epoch start ({start.stall_ms:,.0f} ms, {start.share:.1%} of "
-                "the time) falls in one block: more epochs measure what the starts cost"
-            )
     text = (
         f"{counted(figures.batches, 'batch')} measured on {counted(figures.blocks, 'block')}, "
         f"{DATA_WAIT.label} {shown} ({why}); measure longer"
