@@ -20,6 +20,7 @@ import time
 import warnings
 from collections import deque
 from collections.abc import Callable
+from contextlib import suppress
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,17 +30,30 @@ from probe.measure.described import describe, image_size, type_name
 from probe.measure.devices import CudaDevice, cuda_devices, device_sync, loop_device
 from probe.measure.live import Labels, Live, nvml_index, start_live
 from probe.measure.recorder import Drained, Recorder
+from probe.measure.samplers.host import pid_alive
 from probe.measure.timer import BatchTimer
 from probe.measure.unwritten import WRITE_WAIT_S, Unwritten, patiently
-from probe.records import BatchEvent, LaneRecord, RunExport, RunRecord, RunStatus
+from probe.records import (
+    BatchEvent,
+    LaneRecord,
+    RunExport,
+    RunRecord,
+    RunStatus,
+    stopped_for_another,
+)
 from probe.store.db import Store
 from probe.store.merge import add_rows, clock_shift, import_run, settle_run
+from probe.store.spool import died, mark_dead_ranks, stopped_for
 
 if TYPE_CHECKING:
     from probe.measure.tensorboard import TensorBoard
     from probe.measure.watch import Outlets, Watched
 
 WRITE_EVERY_S = 0.5
+RANKS_EVERY_S = 1.5  # how often a rank's writer looks for ranks of its job on its host that died
+# How long a rank that ends otherwise than completed looks for one that died: a collective
+# loses its connection to a rank killed some milliseconds before that rank's process is gone.
+DYING_S = 0.3
 _warned: list[str] = []  # what was warned of: once is enough
 _calls = itertools.count()  # watch() calls in this process: ranks number them alike
 
@@ -105,6 +119,7 @@ class Recording:
         self._done = threading.Event()
         self._ended: tuple[RunStatus, str | None] | None = None
         self.ended = False
+        self._ranks_due = 0.0  # when the writer next looks for ranks that died (`_watch_ranks`)
         self._thread = threading.Thread(
             target=self._write_loop, name="feedscope-watch", daemon=True
         )
@@ -248,6 +263,10 @@ class Recording:
                 lost = False
                 while not lost and not self._done.wait(WRITE_EVERY_S):
                     lost = self._write(store, unwritten)
+                    self._watch_ranks(store)
+                status, reason = self._ended or (RunStatus.INTERRUPTED, None)
+                if not lost:  # first: torchrun may end this process (SIGTERM) at any moment now
+                    reason = self._blamed(store, status, reason)
                 if self.recorder is not None:
                     self.recorder.stop()
                 if self.gpus is not None:
@@ -256,7 +275,6 @@ class Recording:
                     time.sleep(max(0.0, unwritten.retry_at - time.monotonic()))
                 if self.board is not None:
                     self.board.close()
-                status, reason = self._ended or (RunStatus.INTERRUPTED, None)
                 if lost or unwritten.unfinished():
                     self.ended = True  # the loop goes on unrecorded
                     status, reason = RunStatus.FAILED, unwritten.lost_reason(store)
@@ -269,6 +287,44 @@ class Recording:
                 patiently(partial(settle_run, store, run.run_id))
         except Exception as error:  # never break training
             warn_once(f"recording stopped: {error}")
+
+    def _watch_ranks(self, store: Store) -> None:
+        """Under torchrun, every RANKS_EVERY_S, marks the lanes of the job's ranks on this host
+        whose process is gone: a rank killed says nothing, and the others may wait for it in a
+        collective until their launcher stops them."""
+        if self._ranked and time.monotonic() >= self._ranks_due:
+            self._ranks_due = time.monotonic() + RANKS_EVERY_S
+            self._mark_dead_ranks(store)
+
+    def _mark_dead_ranks(self, store: Store) -> None:
+        with suppress(Exception):  # a locked store: at the next look; never break training
+            mark_dead_ranks(store, self.run.hostname, pid_alive, self.run.run_id)
+
+    def _blamed(self, store: Store, status: RunStatus, reason: str | None) -> str | None:
+        """This lane's reason, where it ends otherwise than completed after a rank of its job
+        died without a word (found so now, where its process is gone, looking for DYING_S):
+        stopped for that rank (`stopped_for`), so that the run's reason names the rank that
+        died, not what this one saw of it (a collective's lost connection)."""
+        if not self._ranked or status is RunStatus.COMPLETED or stopped_for_another(reason):
+            return reason
+        deadline = time.monotonic() + DYING_S
+        while True:
+            self._mark_dead_ranks(store)
+            try:
+                lanes = store.lanes(self.run.run_id)
+            except Exception:  # never break training
+                return reason
+            dead = [x for x in lanes if x.lane != self.lane and died(x)]
+            if dead:
+                return stopped_for(dead[0], reason)
+            if time.monotonic() >= deadline:
+                return reason
+            time.sleep(DYING_S / 20)
+
+    @property
+    def _ranked(self) -> bool:
+        """One of several ranks, each writing its own lane."""
+        return int(self.run.config.get("world_size") or 1) > 1
 
     def _write(self, store: Store, unwritten: Unwritten) -> bool:
         """Writes what the loop and the samplers produced since the last write, with what

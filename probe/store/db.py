@@ -55,6 +55,11 @@ LANE_CPU_COLUMNS = (
     "run_id", "lane", "t_ns", "cpu_pct", "main_cpu_pct", "main_thread_cpu_pct", "processes",
     "threads", "pss_mib", "worker_threads",
 )  # fmt: skip
+# The runs whose lanes are each written by a process of its own, a rank of a watched job under
+# torchrun: a rank that dies leaves its lane running, whatever became of the run's process (the
+# rank that created it). `probe.store.spool.mark_dead_ranks` ends such lanes; others, with their
+# run, `Store.mark_abandoned_runs`.
+RANKED_RUNS = "kind = 'watch' AND COALESCE(json_extract(config, '$.world_size'), 1) > 1"
 
 
 class Store:
@@ -91,18 +96,22 @@ class Store:
                        run_row(run))  # fmt: skip
             add_lanes(db, lanes)
 
-    def update_lane(self, run_id: str, lane: int, **fields: Any) -> None:
-        """Sets some of a lane's columns: pid, gpu_uuid, status, reason, summary, traceback."""
+    def update_lane(self, run_id: str, lane: int, if_running: bool = False, **fields: Any) -> bool:
+        """Sets some of a lane's columns: pid, gpu_uuid, status, reason, summary, traceback;
+        with `if_running`, only where the lane is still running (another process may have
+        ended it since it was read). Returns whether it did."""
         allowed = {"pid", "gpu_uuid", "status", "reason", "summary", "traceback"}
         if not fields.keys() <= allowed:
             raise ValueError(f"not lane columns to update: {sorted(fields.keys() - allowed)}")
         values = {k: _column_value(v) for k, v in fields.items()}
         assignments = ", ".join(f"{name} = ?" for name in values)
+        running = " AND status = 'running'" if if_running else ""
         with self.transaction() as db:
-            db.execute(
-                f"UPDATE lanes SET {assignments} WHERE run_id = ? AND lane = ?",
+            cursor = db.execute(
+                f"UPDATE lanes SET {assignments} WHERE run_id = ? AND lane = ?{running}",
                 (*values.values(), run_id, lane),
             )
+        return cursor.rowcount > 0
 
     def update_spec(self, run_id: str, **fields: Any) -> None:
         """Sets some of a run's `config["spec"]` entries: what a watched loop learns of its
@@ -227,7 +236,8 @@ class Store:
         self._db.execute(f"PRAGMA busy_timeout = {int(seconds * 1000)}")
 
     def mark_abandoned_runs(self, hostname: str, is_alive: Any) -> list[str]:
-        """Marks `running` runs of this host whose process is gone as interrupted.
+        """Marks `running` runs of this host whose process is gone as interrupted (not those
+        whose ranks write their own lanes: `RANKED_RUNS`).
 
         Args:
             hostname: this host: runs of other hosts are left alone.
@@ -236,14 +246,14 @@ class Store:
         if self.read_only:
             return []  # a store on read-only media: nobody is running there
         rows = self._db.execute(
-            "SELECT run_id, pid FROM runs WHERE status = ? AND hostname = ?",
+            "SELECT run_id, pid FROM runs WHERE status = ? AND hostname = ? "
+            f"AND NOT ({RANKED_RUNS})",
             (RunStatus.RUNNING.value, hostname),
         ).fetchall()
         gone = [row["run_id"] for row in rows if row["pid"] is None or not is_alive(row["pid"])]
         if not gone:
             return []  # nothing to write: no write lock taken (readers never wait on one)
         reason = "the probe process ended without finishing the run (killed?)"
-        self.busy_timeout(0.5)  # a reader does not wait on another writer for this
         try:
             with self.transaction() as db:
                 for run_id in gone:
@@ -257,8 +267,6 @@ class Store:
                     )
         except (StoreBusy, StoreFailed):
             return []  # the next reader marks them (a full disk: once it has room)
-        finally:
-            self.busy_timeout()
         return gone
 
     # reading
@@ -267,6 +275,15 @@ class Store:
         """Every run, newest first."""
         rows = self._db.execute("SELECT * FROM runs ORDER BY created DESC, run_id DESC")
         return [run_from_row(row) for row in rows]
+
+    def running_ranked_runs(self, run_id: str | None = None) -> list[RunRecord]:
+        """The running runs whose ranks write their own lanes (`RANKED_RUNS`); of run `run_id`
+        alone (its exact id), where given."""
+        query = f"SELECT * FROM runs WHERE status = ? AND {RANKED_RUNS}"
+        params: tuple[Any, ...] = (RunStatus.RUNNING.value,)
+        if run_id is not None:
+            query, params = query + " AND run_id = ?", (*params, run_id)
+        return [run_from_row(row) for row in self._db.execute(query, params)]
 
     def loaders(self, run: RunRecord) -> list[RunRecord]:
         """The runs of the process that watched `run`: each loader a script iterates is a
@@ -496,6 +513,19 @@ class Store:
             {"run": run_id, "res": rollups.COARSEST_S},
         ).fetchone()
         return None if row[0] is None else (row[0], row[1])
+
+    def lane_last_ns(self, run_id: str, lane: int) -> int | None:
+        """The last time a lane recorded anything (monotonic ns): its last batch's end, or its
+        last CPU sample; None where it recorded nothing."""
+        row = self._db.execute(
+            "SELECT MAX(t) FROM ("
+            " SELECT MAX(end_ns) AS t FROM batch_rollup"
+            " WHERE run_id = :run AND res_s = :res AND lane = :lane"
+            " UNION ALL SELECT MAX(last_ns) FROM lane_cpu_rollup"
+            " WHERE run_id = :run AND res_s = :res AND lane = :lane)",
+            {"run": run_id, "res": rollups.COARSEST_S, "lane": lane},
+        ).fetchone()
+        return None if row[0] is None else int(row[0])
 
     def query(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> list[sqlite3.Row]:
         """The rows of one read (for the store's own modules: series, merge)."""

@@ -17,6 +17,7 @@ from probe.records import (
     GpuSample,
     HostSample,
     LaneCpuSample,
+    LaneRecord,
     RunExport,
     RunRecord,
     RunStatus,
@@ -110,7 +111,7 @@ def settle_run(store: Store, run_id: str) -> None:
             [f"lane {x.lane} failed: {x.reason}" for x in failed],
         )
     elif stopped:  # the lane that stopped first of itself says why
-        first = min(stopped, key=lambda x: stopped_for_another(x.reason))
+        first = first_to_end(stopped) or stopped[0]
         status, reasons = RunStatus.INTERRUPTED, [f"lane {first.lane}: {first.reason}"]
     else:
         status, reasons = RunStatus.COMPLETED, []
@@ -121,6 +122,16 @@ def settle_run(store: Store, run_id: str) -> None:
         )
     ended = max((run.ended_ns or 0, *(store.time_span(run_id) or (0, 0))))
     store.finish_run(run_id, status, "; ".join(reasons) or None, ended)
+
+
+def first_to_end(lanes: Sequence[LaneRecord]) -> LaneRecord | None:
+    """The lane whose end a run's reason gives: the first that failed, else the first
+    interrupted of itself (not `stopped_for_another`); None where none ended so."""
+    failed = [x for x in lanes if x.status is RunStatus.FAILED]
+    interrupted = [
+        x for x in lanes if x.status is RunStatus.INTERRUPTED and not stopped_for_another(x.reason)
+    ]
+    return next(iter(failed + interrupted), None)
 
 
 def _join(store: Store, here: RunRecord, other: RunRecord, shift: int) -> None:
