@@ -54,12 +54,14 @@ def runs(db: Path | None, as_json: bool, limit: int) -> int:
 
 
 def show(db: Path | None, run_id: str, as_json: bool, verbose: bool = False) -> int:
-    """A run and its diagnosis, or a sweep or doctor session; `verbose`: with failed lanes'
-    tracebacks."""
+    """A run and its diagnosis, or a sweep or doctor session (those whose process, or a rank
+    of it, died unseen marked so); `verbose`: with failed lanes' tracebacks."""
     from probe.judge.diagnosis import diagnose_run
     from probe.judge.results import is_session_id, read_session, resolve_subject
+    from probe.measure.samplers.host import pid_alive
 
     with Store(db, create=db is None) as store:
+        tidy(store, socket.gethostname(), pid_alive)
         subject = resolve_subject(store, run_id)
         if is_session_id(subject):
             session = read_session(store, subject)
