@@ -20,6 +20,7 @@ from probe.judge.thresholds import (
     severity_of,
 )
 from probe.lane_figures import LaneFigures
+from probe.measure.described import files_known
 from probe.metrics import per_device
 from probe.records import LaneRecord, RunRecord
 from probe.steady import Estimate, at_least
@@ -69,6 +70,7 @@ class LaneFacts:
     reason: str | None = None  # why the lane failed or stopped
     run_lanes: int = 1  # the run's lanes on every host: a lane's figures are one of them
     watched_run: str | None = None  # the run's id where it watched a job of one's own
+    watched_files: bool = False  # its files are known: `probe doctor --like` measures on them
 
     @property
     def device_word(self) -> str:
@@ -309,6 +311,7 @@ def lane_facts(store: Store, run: RunRecord, lane: LaneRecord) -> LaneFacts:
         reason=lane.reason,
         run_lanes=len(store.lanes(run.run_id)),
         watched_run=run.run_id if run.kind == "watch" else None,
+        watched_files=run.kind == "watch" and files_known(spec.get("data_dir")),
     )
 
 

@@ -84,13 +84,13 @@ def more_threads(lane: LaneFacts, lanes: int) -> list[Recommendation]:
 
 def _dali_search(lane: LaneFacts) -> str:
     """What measures a DALI lane's settings: the doctor's search of DALI's threads and, mixed,
-    the hardware decoder's share, on the lane's files."""
+    the hardware decoder's share, on the lane's files (a watched job's where they are known)."""
+    searches = "searches DALI's threads and the hardware decoder's share"
+    if lane.watched_run and lane.watched_files:
+        return f"`probe doctor --like {lane.watched_run}` {searches} on its files"
     if lane.watched_run:
-        return (
-            "`probe doctor --data DIR` (DIR: a class-per-folder copy of its images) searches "
-            "DALI's threads and the hardware decoder's share"
-        )
-    return "`probe doctor` searches DALI's threads and the hardware decoder's share"
+        return f"`probe doctor --data DIR` (DIR: a class-per-folder copy of its images) {searches}"
+    return f"`probe doctor` {searches}"
 
 
 def in_dalis_terms(lane: LaneFacts, verdict: Verdict, lanes: int) -> list[Recommendation]:

@@ -1,12 +1,14 @@
 """What a watched iterable is, as far as it can be read without changing it: its kind (a torch
-DataLoader, a DALI iterator, anything else), its settings, the image files its dataset names,
-and what its batches hold (how many samples, the images' size).
+DataLoader, a DALI iterator, anything else), its settings, the image files it reads, and what its
+batches hold (how many samples, the images' size).
 
 The files are what `probe doctor --like RUN` measures the other pipelines on: a dataset that
 names them (torchvision's `ImageFolder` and `DatasetFolder` by their `root` and `samples`, a
 dataset holding a list of paths as `samples`, `imgs` or `files`, or a list of paths itself; a
-`Subset` of any of these) gives the folder they share, and how many it reads; any other dataset
-is recorded as not known, with its type, and the doctor asks for `--data`.
+`Subset` of any of these), or a DALI pipeline's file reader (`fn.readers.file`, by its
+`file_root`, `files` or `file_list`), gives the folder they share, and how many it reads. Any
+other dataset, or DALI source (TFRecord, webdataset, external_source), is recorded as not known,
+with its type or the reader's name, and the doctor asks for `--data`.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ from probe.measure.recipe import recipe_of
 
 # A dataset's attributes that may list its files: torchvision's DatasetFolder, then lists.
 _FILE_LISTS = ("samples", "imgs", "files")
+# DALI's file reader, as `fn.readers.file` (or `ops.readers.File`), and its old names
+# `fn.file_reader` and `ops.FileReader`, lower-cased
+_FILE_READERS = ("readers.file", "file_reader", "filereader")
 NOT_KNOWN = "not known"  # the words a data folder that could not be read ends with
 
 
@@ -49,7 +54,7 @@ def describe(iterable: Any) -> tuple[str, dict[str, Any]]:
         pipes = getattr(iterable, "_pipes", None) or [None]
         decoder, load = dali_decoder(pipes[0])
         return "dali", {
-            "data_dir": f"(read by the DALI pipeline: its files {NOT_KNOWN})",
+            **dali_files(pipes[0]),
             "batch_size": getattr(iterable, "batch_size", None),
             "dataloader": {},
             "dali": {"num_threads": getattr(pipes[0], "num_threads", None), "decoder": decoder,
@@ -121,23 +126,109 @@ def dali_decoder(pipe: Any) -> tuple[str | None, float | None]:
     return None, None
 
 
+def dali_files(pipe: Any) -> dict[str, Any]:
+    """Where a built DALI pipeline's images are, as `data_of` says a dataset's: its file reader's
+    (`fn.readers.file`) `files` or `file_list` (each relative to `file_root` where given; the
+    list's lines to the list's folder otherwise), or `file_root` alone, whose files DALI counted.
+    Any other source (TFRecord, webdataset, external_source) is named, its files not known."""
+    source = None  # the first operator that brings data in, by its name
+    try:
+        for op in getattr(pipe, "_ops", None) or ():
+            given = _arguments(op)
+            name = _dali_name(given)
+            if name.lower() in _FILE_READERS:
+                source = name
+                return _reader_files(given, _epoch_size(pipe, op.name)) or _not_read(source)
+            source = source or (name if _is_source(name) else None)
+    except Exception:  # never break training: a DALI of another make
+        pass
+    return _not_read(source)
+
+
+def _reader_files(given: dict[str, Any], counted: int | None) -> dict[str, Any] | None:
+    """`_shared` of a file reader's arguments (`counted`: the files DALI found under its
+    `file_root`); None where they name no folder."""
+    root = str(given["file_root"]) if given.get("file_root") else None
+    files, listed, base = given.get("files") or [], given.get("file_list"), root
+    if isinstance(files, str):
+        files = [files]
+    if listed:  # "path label" lines (a path may hold spaces), relative to the list's folder
+        with open(listed, encoding="utf-8") as lines:
+            files = [line.rstrip().rsplit(maxsplit=1)[0] for line in lines if line.strip()]
+        base = root or os.path.dirname(os.path.abspath(listed))
+    paths = [os.path.join(base, os.fspath(f)) if base else os.fspath(f) for f in files]
+    return _shared(paths, root, counted)
+
+
+def _epoch_size(pipe: Any, reader: str) -> int | None:
+    """How many files DALI's reader `reader` reads (on all shards), as DALI counted them; None
+    where it does not say."""
+    try:
+        size = pipe.reader_meta(reader)["epoch_size"]
+    except Exception:  # a DALI of another make, a reader not yet prepared
+        return None
+    return size if isinstance(size, int) and size > 0 else None
+
+
+def _arguments(op: Any) -> dict[str, Any]:
+    """A DALI operator's arguments as given: DALI's own dict of them (private), else read from
+    its spec as DALI prints it ("    name: value" lines, lists as "[a, b, ]")."""
+    given = getattr(getattr(op, "_op", None), "_init_args", None)
+    if isinstance(given, dict) and "_module" in given:
+        return given
+    return {
+        key: [item for item in value[1:-1].split(", ") if item] if value.startswith("[") else value
+        for key, value in re.findall(r"^    (\w+): (.*)$", repr(op.spec), re.MULTILINE)
+    }
+
+
+def _dali_name(given: dict[str, Any]) -> str:
+    """An operator's name as DALI's Python API spells it: "readers.file", "external_source"."""
+    package = str(given.get("_module", "")).removeprefix("nvidia.dali.").partition(".")[2]
+    return ".".join(part for part in (package, str(given.get("_display_name", ""))) if part)
+
+
+def _is_source(name: str) -> bool:
+    """Whether a DALI operator brings data into the pipeline: a reader, or an external source."""
+    return "readers." in name or name.lower().replace("_", "") == "externalsource"
+
+
+def _not_read(source: str | None) -> dict[str, Any]:
+    """A DALI pipeline's files not known, with the source that reads them where it is known."""
+    by = f"DALI's {source}" if source else "the DALI pipeline"
+    return {"data_dir": f"(read by {by}: its files {NOT_KNOWN})", "data_files": None}
+
+
 def data_of(dataset: Any) -> dict[str, Any]:
     """Where a dataset's images are: `data_dir`, the folder its files share (or its type and
     "not known"), and `data_files`, how many files it reads (None: not known)."""
     unknown = {"data_dir": f"{type_name(dataset)} (its files {NOT_KNOWN})", "data_files": None}
     try:
-        files = files_of(dataset)
         root = getattr(_inner(dataset), "root", None)
         root = os.fspath(root) if isinstance(root, (str, os.PathLike)) else None
-        if files:
-            folders = {os.path.abspath(folder) for folder in {os.path.dirname(f) for f in files}}
-            shared = os.path.commonpath([*folders, *([os.path.abspath(root)] if root else [])])
-            return {"data_dir": shared, "data_files": len(files)}
-        if root is not None and os.path.isdir(root):
-            return {"data_dir": os.path.abspath(root), "data_files": None}
+        return _shared(files_of(dataset), root) or unknown
     except (OSError, TypeError, ValueError):  # paths of mixed drives, odd items: not known
-        pass
-    return unknown
+        return unknown
+
+
+def _shared(
+    files: Sequence[str], root: str | None, counted: int | None = None
+) -> dict[str, Any] | None:
+    """`data_dir`, the folder `files` and `root` share, and `data_files`, how many files: those
+    listed, else `counted` for a `root` that is a folder; None where neither names one."""
+    if files:
+        folders = {os.path.abspath(folder) for folder in {os.path.dirname(f) for f in files}}
+        shared = os.path.commonpath([*folders, *([os.path.abspath(root)] if root else [])])
+        return {"data_dir": shared, "data_files": len(files)}
+    if root is not None and os.path.isdir(root):
+        return {"data_dir": os.path.abspath(root), "data_files": counted}
+    return None
+
+
+def files_known(data_dir: object) -> bool:
+    """Whether a recorded `data_dir` is the folder of the files read, not the words saying they
+    are not known (`probe doctor --like` measures on them)."""
+    return isinstance(data_dir, str) and bool(data_dir) and not data_dir.endswith(f"{NOT_KNOWN})")
 
 
 def files_of(dataset: Any) -> list[str]:
