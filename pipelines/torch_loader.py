@@ -294,7 +294,9 @@ def load_augmented(
         while reduction < 8 and min(width, height) >= 2 * reduction * size:
             reduction *= 2
         if reduction > 1 and stored.format == "JPEG":
-            target = (math.ceil(stored.width / reduction), math.ceil(stored.height / reduction))
+            # Pillow picks the largest scale whose image is at least this size (a ceiling here
+            # would halve the scale of a side that is no multiple of it)
+            target = (stored.width // reduction, stored.height // reduction)
             stored.draft(stored.mode, target)
         stored.load()  # decodes (at the draft's scale)
         image = ImageOps.exif_transpose(stored) if orientation != 1 else stored

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from PIL import Image
+from PIL import Image, ImageDraw, ImageFilter
 
 # Solid-colour images whose colour encodes the file's index: any crop, resize or flip of them
 # keeps the colour, so a batch tells exactly which files a pipeline read, whatever the backend.
@@ -185,3 +185,25 @@ def files_dataset(photos: Path, side: int) -> Any:
             return torch.zeros(3, side, side)
 
     return Files()
+
+
+def natural_image(width: int, height: int, seed: int) -> Image.Image:
+    """Smooth gradients under a few soft-edged shapes: what a photo's pixels look like."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+    base = np.stack(
+        [
+            128 + 100 * np.sin(x / width * np.pi * rng.uniform(0.5, 2) + rng.uniform(0, 3)),
+            128 + 100 * np.cos(y / height * np.pi * rng.uniform(0.5, 2)),
+            255 * (x + y) / (width + height),
+        ],
+        axis=-1,
+    )
+    image = Image.fromarray(base.clip(0, 255).astype(np.uint8))
+    draw = ImageDraw.Draw(image)
+    for _ in range(6):
+        left, top = int(rng.integers(0, width - 40)), int(rng.integers(0, height - 40))
+        box = (left, top, left + int(rng.integers(20, 120)), top + int(rng.integers(20, 120)))
+        color = tuple(int(c) for c in rng.integers(0, 256, 3))
+        (draw.ellipse if rng.random() < 0.5 else draw.rectangle)(box, fill=color)
+    return image.filter(ImageFilter.GaussianBlur(1.5))

@@ -22,6 +22,7 @@ class Knob(str, Enum):
     PIN_MEMORY = "pin_memory"
     OUTPUT_DTYPE = "output_dtype"
     HW_DECODER_LOAD = "hw_decoder_load"  # DALI's share of JPEGs sent to the hardware decoder
+    RECIPE = "recipe"  # feedscope's DataLoader recipe, written for the job, at its num_workers
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,7 @@ _TEXT = {
     Knob.PIN_MEMORY: "pin_memory={}",
     Knob.OUTPUT_DTYPE: "output_dtype={}",
     Knob.HW_DECODER_LOAD: "DALI hw_decoder_load={}",
+    Knob.RECIPE: "feedscope's DataLoader recipe num_workers={}",
 }
 
 

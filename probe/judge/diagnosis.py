@@ -14,6 +14,7 @@ from probe.judge.changes import Recommendation
 from probe.judge.evidence import Evidence
 from probe.judge.facts import LaneFacts, run_facts
 from probe.judge.knee import SweepAnalysis
+from probe.judge.recipe import with_recipe
 from probe.judge.recommend import recommend, set_aside
 from probe.judge.results import Session, SessionKind, read_session
 from probe.judge.thresholds import Severity
@@ -61,7 +62,13 @@ def diagnose_run(store: Store, run_id: str, sweep: SweepAnalysis | None = None) 
     session = _session_of(store, run)
     if sweep is None and session is not None and session.knob == "num_workers":
         sweep = session.analysis() if run.pipeline == "torch" else None
-    diagnosis = judge_run(run.run_id, run.status, run_facts(store, run.run_id), sweep)
+    facts = run_facts(store, run.run_id)
+    diagnosis = judge_run(run.run_id, run.status, facts, sweep)
+    if run.kind == "watch":
+        recommendations = with_recipe(
+            store, run, facts, diagnosis.verdict, diagnosis.recommendations
+        )
+        diagnosis = replace(diagnosis, recommendations=tuple(recommendations))
     if session is not None and session.kind is SessionKind.DOCTOR and session.answered:
         return replace(
             diagnosis,

@@ -47,6 +47,9 @@ LONGER_EPOCHS = 4  # "longer epochs" is predicted for epochs this many times as 
 OTHER_LOAD_SHARE = 0.10
 OTHER_LOAD_MIN_CORES = 0.25
 STEAL_MOVES_PCT = 5.0
+# A watched DataLoader costing this many times the CPU an image of feedscope's DataLoader recipe
+# on its files: the recipe is a change of its own (`probe migrate --to dataloader`)
+RECIPE_WORTH_IT = 1.25
 
 
 class Severity(str, Enum):

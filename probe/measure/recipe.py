@@ -22,6 +22,21 @@ from typing import Any
 # Beyond this many samples or subset indices the recipe would outweigh the run it belongs to.
 MAX_SAMPLES = 200_000
 _COLLATE_DEFAULTS = ("default_collate", "default_convert")
+# torchvision's steps that feedscope's DataLoader recipe computes itself (`probe migrate --to
+# dataloader`); it keeps any other as the job's own
+RECIPE_STEPS = frozenset(
+    {
+        "RandomResizedCrop",
+        "Resize",
+        "CenterCrop",
+        "RandomCrop",
+        "RandomHorizontalFlip",
+        "ToTensor",
+        "PILToTensor",
+        "ConvertImageDtype",
+        "Normalize",
+    }
+)
 
 
 def recipe_of(loader: Any) -> dict[str, Any]:

@@ -438,7 +438,20 @@ def watch(db: Path | None, name: str | None, warmup: str, sample_hz: float,
     "--output",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
-    help="The module to write.  [default: dali_loader.py]",
+    help="The module to write.  [default: dali_ or torch_ and the loader's name, .py]",
+)
+@click.option(
+    "--to",
+    type=click.Choice(["dali", "dataloader"]),
+    default="dali",
+    show_default=True,
+    help="DALI, or feedscope's DataLoader recipe (for jobs that stay on PyTorch).",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(min=0),
+    default=None,
+    help="--to dataloader: its num_workers.  [default: the best measured for this job]",
 )
 @click.option(
     "--threads",
@@ -460,14 +473,17 @@ def migrate(
     threads: int | None,
     hw_decoder_load: float | None,
     force: bool,
+    to: str,
+    workers: int | None,
 ) -> int:
-    """Write a DALI loader for a watched DataLoader (RUN: its id, a unique start of it, or
-    `last`): a module your script imports in place of its loader, with the DALI setting
-    measured best for the job (`probe doctor --like RUN`). A transform it cannot move is
-    named, and nothing is written."""
+    """Write a loader for a watched DataLoader (RUN: its id, a unique start of it, or `last`):
+    a module your script imports in place of its loader. DALI's, with the setting measured best
+    for the job (`probe doctor --like RUN`); or, --to dataloader, feedscope's DataLoader recipe
+    (JPEGs decoded at a reduced scale, uint8 normalized after the copy, workers kept), with the
+    workers measured best. What it cannot write is named, and nothing is written."""
     from probe.present.migrating import migrate as write
 
-    return write(db, run_id, output, threads, hw_decoder_load, force)  # fmt: skip
+    return write(db, run_id, output, threads, hw_decoder_load, force, to, workers)  # fmt: skip
 
 
 @cli.command()

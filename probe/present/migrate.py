@@ -35,13 +35,14 @@ _NO_COUNTERPART = "DALI's written loader has no exact counterpart"
 
 
 class Unmovable(InputError):
-    """What in a DataLoader's recipe cannot be moved to DALI: one line per thing."""
+    """What in a DataLoader's recipe cannot be written (for DALI, or as a DataLoader): one line
+    per thing."""
 
-    def __init__(self, lines: list[str]) -> None:
+    def __init__(
+        self, lines: list[str], title: str = "this loader cannot be written for DALI"
+    ) -> None:
         self.lines = lines
-        super().__init__(
-            "this loader cannot be written for DALI:\n" + "\n".join(f"  {line}" for line in lines)
-        )
+        super().__init__(f"{title}:\n" + "\n".join(f"  {line}" for line in lines))
 
 
 @dataclass(frozen=True)
@@ -73,10 +74,12 @@ class DaliSetting:
 
 @dataclass(frozen=True)
 class Written:
-    """A written module's text, and its sibling file list's text (None: the files are in it)."""
+    """A written module's text, its sibling file list's text (None: the files are in it), and
+    the steps it keeps as the job's own (its `loader(original=...)` takes them)."""
 
     module: str
     files: str | None = None
+    keeps: tuple[str, ...] = ()
 
 
 def files_name(module_path: str) -> str:
@@ -102,10 +105,10 @@ def dali_module(recipe: Mapping[str, Any], setting: DaliSetting, origin: str) ->
         Unmovable: with one line per thing that DALI cannot do as the DataLoader did.
     """
     refused: list[str] = []
-    dataset = _dataset_lines(recipe, refused)
+    dataset = dataset_lines(recipe, refused)
     graph = _Graph()
     _map_transforms(recipe, graph, refused)
-    _check_loader(recipe, refused)
+    check_loader(recipe, refused)
     if setting.decoder not in ("mixed", "cpu"):
         refused.append(f"decoder {setting.decoder!r}: DALI's image decoder is mixed or cpu")
     if refused:
@@ -145,7 +148,7 @@ class _Dataset:
     files: list[tuple[str, int]] | None = None  # written to the sibling file
 
 
-def _dataset_lines(recipe: Mapping[str, Any], refused: list[str]) -> _Dataset:
+def dataset_lines(recipe: Mapping[str, Any], refused: list[str]) -> _Dataset:
     """The module's dataset constants and its `samples()` function."""
     dataset = recipe.get("dataset") or {}
     subset = recipe.get("subset")
@@ -206,22 +209,27 @@ def _dict_text(mapping: Mapping[str, Any]) -> str:
     return "{\n" + "".join(f"    {item},\n" for item in items) + "}"
 
 
-def _check_loader(recipe: Mapping[str, Any], refused: list[str]) -> None:
+def check_loader(
+    recipe: Mapping[str, Any], refused: list[str], writer: str = "DALI's written loader"
+) -> None:
+    """Adds a line to `refused` for each part of the DataLoader that `writer` cannot give as it
+    did: batches of a batch sampler, another sampler, a collate_fn, a target_transform."""
     if not isinstance(recipe.get("batch_size"), int):
         refused.append("batch_size None: the DataLoader's batches are made by its batch sampler")
     sampler = recipe.get("sampler") or {}
     name = sampler.get("name") if isinstance(sampler, Mapping) else None
     if name not in _SAMPLERS:
         refused.append(
-            f"sampler {name}: only RandomSampler, SequentialSampler and DistributedSampler"
-            " have a counterpart in DALI's reader"
+            f"sampler {name}: {writer} reads as RandomSampler, SequentialSampler and "
+            "DistributedSampler only"
         )
+    no_counterpart = f"{writer} has no exact counterpart"
     collate = recipe.get("collate_fn")
     if collate != "default":
-        refused.append(f"collate_fn {collate}: {_NO_COUNTERPART}")
+        refused.append(f"collate_fn {collate}: {no_counterpart}")
     target = recipe.get("target_transform")
     if target is not None:
-        refused.append(f"target_transform {_described(target)}: {_NO_COUNTERPART}")
+        refused.append(f"target_transform {described(target)}: {no_counterpart}")
 
 
 @dataclass
@@ -266,7 +274,7 @@ class _Graph:
             # ToTensor's /255 and Normalize folded into one: (x - 255 * mean) / (255 * std)
             mean = [255 * m for m in self.mean or [0.0]]
             std = [255 * s for s in self.std or [1.0]]
-            arguments += ["dtype=types.FLOAT", f"mean={_floats(mean)}", f"std={_floats(std)}"]
+            arguments += ["dtype=types.FLOAT", f"mean={floats(mean)}", f"std={floats(std)}"]
         arguments.append('output_layout="CHW"')
         if self.crop is not None:
             arguments.append(self.crop)
@@ -324,20 +332,20 @@ def _map_step(step: Mapping[str, Any], index: int, graph: _Graph) -> str | None:
     """Adds one transform to the graph; the line refusing it when DALI cannot do it."""
     name = str(step.get("name"))
     fields: Mapping[str, Any] = step.get("fields") or {}
-    described = _described(step)
+    shown = described(step)
     if step.get("callable"):
         return f"{name}: a function, which DALI cannot run: {_NO_COUNTERPART}"
     if graph.mean is not None:
-        return f"{described}: comes after Normalize, an order DALI's loader cannot follow"
+        return f"{shown}: comes after Normalize, an order DALI's loader cannot follow"
     on_image = graph.tensor is None
     if name in ("RandomResizedCrop", "Resize"):
-        return _resize(name, fields, described, graph, first=index == 0)
+        return _resize(name, fields, shown, graph, first=index == 0)
     if name in ("CenterCrop", "RandomCrop"):
-        height, width = _size(fields.get("size"))
+        height, width = size_of(fields.get("size"))
         if height is None or width is None:
-            return f"{described}: its size cannot be read"
+            return f"{shown}: its size cannot be read"
         if name == "RandomCrop" and (fields.get("padding") or fields.get("pad_if_needed")):
-            return f"{described}: padding {_NO_COUNTERPART}"
+            return f"{shown}: padding {_NO_COUNTERPART}"
         position = (
             ""
             if name == "CenterCrop"
@@ -355,14 +363,14 @@ def _map_step(step: Mapping[str, Any], index: int, graph: _Graph) -> str | None:
         graph.mirror_probability = p if before is None else before * (1 - p) + p * (1 - before)
         return None
     if name == "ColorJitter":
-        return _color_jitter(fields, described, graph)
+        return _color_jitter(fields, shown, graph)
     if name == "ToTensor" or (
         name == "ConvertImageDtype" and str(fields.get("dtype")) in ("torch.float32", "torch.float")
     ):
         if name == "ToTensor" and not on_image:
-            return f"{described}: a tensor given to ToTensor, {_NO_COUNTERPART}"
+            return f"{shown}: a tensor given to ToTensor, {_NO_COUNTERPART}"
         if name == "ConvertImageDtype" and graph.tensor != "uint8":
-            return f"{described}: {_NO_COUNTERPART} but after PILToTensor"
+            return f"{shown}: {_NO_COUNTERPART} but after PILToTensor"
         graph.tensor = "float"
         return None
     if name == "PILToTensor" and on_image:
@@ -371,10 +379,10 @@ def _map_step(step: Mapping[str, Any], index: int, graph: _Graph) -> str | None:
     if name == "Normalize" and graph.tensor == "float":
         mean, std = fields.get("mean"), fields.get("std")
         if not isinstance(mean, list) or not isinstance(std, list):
-            return f"{described}: its mean and std cannot be read"
+            return f"{shown}: its mean and std cannot be read"
         graph.mean, graph.std = [float(m) for m in mean], [float(s) for s in std]
         return None
-    return f"{described}: {_NO_COUNTERPART}"
+    return f"{shown}: {_NO_COUNTERPART}"
 
 
 def _resize(
@@ -388,11 +396,11 @@ def _resize(
     # torchvision antialiases on PIL images whatever `antialias` says
     antialias = True if on_image else fields.get("antialias") is not False
     resample = f"interp_type={interpolation}, antialias={antialias}"
-    height, width = _size(fields.get("size"))
+    height, width = size_of(fields.get("size"))
     if name == "RandomResizedCrop":
         crop = (
-            f"random_area={_floats(fields.get('scale', [0.08, 1.0]))}, "
-            f"random_aspect_ratio={_floats(fields.get('ratio', [3 / 4, 4 / 3]))}, "
+            f"random_area={floats(fields.get('scale', [0.08, 1.0]))}, "
+            f"random_aspect_ratio={floats(fields.get('ratio', [3 / 4, 4 / 3]))}, "
             "num_attempts=10"
         )
         if height is None or width is None:
@@ -435,7 +443,7 @@ def _color_jitter(fields: Mapping[str, Any], described: str, graph: _Graph) -> s
             return f"{described}: its {name} range cannot be read"
         scale = 360.0 if name == "hue" else 1.0  # torchvision: a fraction of the circle
         low, high = (float(value) * scale for value in span)
-        arguments.append(f"{name}=fn.random.uniform(range={_floats([low, high])})")
+        arguments.append(f"{name}=fn.random.uniform(range={floats([low, high])})")
     if arguments:
         graph.add(
             "# ColorJitter: torchvision applies its four in a random order, DALI in a fixed one"
@@ -444,7 +452,7 @@ def _color_jitter(fields: Mapping[str, Any], described: str, graph: _Graph) -> s
     return None
 
 
-def _size(size: Any) -> tuple[int | None, int | None]:
+def size_of(size: Any) -> tuple[int | None, int | None]:
     """(height, width) of a torchvision size: an int (a square) or [h, w] or [s]."""
     if isinstance(size, int):
         return size, size
@@ -455,7 +463,7 @@ def _size(size: Any) -> tuple[int | None, int | None]:
     return None, None
 
 
-def _floats(values: Sequence[Any]) -> str:
+def floats(values: Sequence[Any]) -> str:
     return "[" + ", ".join(_float(float(value)) for value in values) + "]"
 
 
@@ -464,7 +472,7 @@ def _float(value: float) -> str:
     return repr(float(f"{value:.10g}"))
 
 
-def _described(step: Mapping[str, Any]) -> str:
+def described(step: Mapping[str, Any]) -> str:
     """A transform as `Name(field=value, ...)`, cut short past 80 characters."""
     fields = step.get("fields") or {}
     inner = ", ".join(f"{key}={value!r}" for key, value in fields.items())
@@ -629,7 +637,7 @@ def loader(device=None, seed=None, rank=None, world=None):
         distributed = SHARD and torch.distributed.is_available()
         distributed = distributed and torch.distributed.is_initialized()
         rank = torch.distributed.get_rank() if distributed else 0
-        world = torch.distributed.get_world_size() if distributed else 1
+        world = torch.distributed.get_worldsize_of() if distributed else 1
     order_seed = SHUFFLE_SEED if seed is None else seed
     pairs = samples()
     if SHUFFLE:

@@ -9,21 +9,24 @@ DALI's defaults, said so in the module and on the terminal.
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 from typing import Any
 
 from pipelines import DaliOptions, InputError
-from probe.judge.results import Session, is_session_id, resolve_subject
+from probe.judge.like import like_session
+from probe.judge.results import is_session_id, resolve_subject
+from probe.metrics import IMAGES_PER_S
 from probe.present import console
 from probe.present.measuring import EXIT_FAILED
 from probe.present.migrate import DaliSetting, dali_module, files_name
+from probe.present.migrate_torch import TorchSetting, torch_module
 from probe.present.offer import change_line, module_name, origin_of, script_of
 from probe.present.stored import write_whole
 from probe.store.db import Store
 from probe.store.documents import RunDocument, read_run
 
 DEFAULT_THREADS = 8  # the doctor's first DALI point on a GPU: min(8, cores)
+PREFIXES = {"dali": "dali", "dataloader": "torch"}  # a written module's name: PREFIX_loader
 
 
 def migrate(
@@ -33,16 +36,26 @@ def migrate(
     threads: int | None = None,
     hw_decoder_load: float | None = None,
     force: bool = False,
+    to: str = "dali",
+    workers: int | None = None,
 ) -> int:
-    """Writes the DALI module for the watched run `run_id` to `output` (default: `dali_` and
-    the loader's name in the script, `module_name`), with its setting (`threads`,
-    `hw_decoder_load` where given), and says the line to change; nothing is written where a
-    transform cannot be moved (exit 2).
+    """Writes the loader module for the watched run `run_id` to `output` (default: the prefix
+    of `to` and the loader's name in the script, `module_name`): DALI's (`to` "dali"), with its
+    setting (`threads`, `hw_decoder_load` where given), or feedscope's DataLoader recipe's (`to`
+    "dataloader"), with its `workers` where given; and says the line to change. Nothing is
+    written where the loader cannot be written (exit 2).
 
     Raises:
         InputError: no such run, not a watched DataLoader, nothing recorded of it, a transform
-            that cannot be moved (one line each), or a file that is there already.
+            that cannot be moved (one line each), an option of the other loader, or a file that
+            is there already.
     """
+    if to == "dataloader" and (threads is not None or hw_decoder_load is not None):
+        raise InputError(
+            "--threads and --hw-decoder-load set DALI: --to dataloader takes --workers"
+        )
+    if to == "dali" and workers is not None:
+        raise InputError("--workers sets the DataLoader: give it with --to dataloader")
     if output is not None:
         _check_output(output, force)
     with Store(db, create=db is None) as store:
@@ -54,11 +67,16 @@ def migrate(
             )
         document = read_run(store, subject)
         if output is None:
-            output = Path(f"{module_name(document)}.py")
+            output = Path(f"{module_name(document, PREFIXES[to])}.py")
             _check_output(output, force)
         recipe = recorded_recipe(document)
-        setting = setting_for(store, document, threads, hw_decoder_load)
-    written = dali_module(recipe, setting, origin=origin_of(document))
+        setting: DaliSetting | TorchSetting
+        if to == "dali":
+            setting = setting_for(store, document, threads, hw_decoder_load)
+            written = dali_module(recipe, setting, origin=origin_of(document))
+        else:
+            setting = torch_setting_for(store, document, workers)
+            written = torch_module(recipe, setting, origin=origin_of(document))
     files = None if written.files is None else Path(files_name(str(output)))
     if files is not None and written.files is not None and not write_whole(files, written.files):
         return EXIT_FAILED
@@ -66,7 +84,9 @@ def migrate(
         return EXIT_FAILED
     also = f" and its file list {files}" if files is not None else ""
     console.err.print(f"wrote {output}{also}: {setting.describe()} ({setting.source})")
-    console.err.print(change_line(document, output.stem))
+    if written.keeps:
+        console.err.print(f"it keeps the job's own {', '.join(written.keeps)}")
+    console.err.print(change_line(document, output.stem, original=bool(written.keeps)))
     console.err.print(
         f"then check it on the job itself: `probe watch -- python {script_of(document)} ...`"
     )
@@ -125,33 +145,13 @@ def setting_for(
     another loader of its process: a script's training loader sets its validation loader's),
     else the newest on the same files, else DALI's defaults; `threads` and `hw_decoder_load` where
     given replace the session's."""
-    folder = document.config.get("spec", {}).get("data_dir")
-    job = {run.run_id for run in store.loaders(store.run(document.run_id))}  # its process's
-    like: Session | None = None
-    same_files: Session | None = None
-    for record in sorted(store.sessions(), key=lambda r: r.created, reverse=True):
-        if record.kind != "doctor" or not record.document.get("dali"):
-            continue
-        with contextlib.suppress(KeyError, TypeError, ValueError):  # written unlike this one
-            session = Session.from_json(record.document)
-            if session.dali is None or session.dali.images_per_s is None:
-                continue
-            if session.like == document.run_id and (like is None or like.like != session.like):
-                like = session  # like this very run: before one like its other loader
-            elif session.like in job and like is None:
-                like = session
-            elif same_files is None and _data_dir(store, session) == folder:
-                same_files = session
-    chosen = like or same_files
-    if chosen is not None and chosen.dali is not None:
-        dali = chosen.dali
-        how = "measured on the same files"
-        if chosen is like:
-            how = (
-                "measured like this run"
-                if chosen.like == document.run_id
-                else (f"measured like run {chosen.like}, this job's other loader")
-            )
+    found = like_session(
+        store,
+        store.run(document.run_id),
+        lambda session: session.dali is not None and session.dali.images_per_s is not None,
+    )
+    if found is not None and found.session.dali is not None:
+        chosen, how, dali = found.session, found.how, found.session.dali
         rate = f"{dali.images_per_s:,.0f} images/s" if dali.images_per_s else "no rate"
         base = DaliSetting(
             num_threads=dali.num_threads,
@@ -179,10 +179,40 @@ def setting_for(
     )
 
 
-def _data_dir(store: Store, session: Session) -> str | None:
-    """The data folder a session's runs read (None: it has no run that can be read)."""
-    for run_id in session.run_ids[:1]:
-        with contextlib.suppress(InputError, KeyError):
-            folder = store.run(run_id).config.get("spec", {}).get("data_dir")
-            return None if folder is None else str(folder)
-    return None
+def torch_setting_for(
+    store: Store, document: RunDocument, workers: int | None = None
+) -> TorchSetting:
+    """The workers for feedscope's DataLoader recipe in the run's job: the doctor's best
+    DataLoader point measured like the run (`probe doctor --like RUN`: its DataLoader is the
+    recipe), else the job's own; `workers` where given replaces them."""
+    loader = document.config.get("spec", {}).get("dataloader", {})
+    prefetch = loader.get("prefetch_factor")
+    found = like_session(
+        store,
+        store.run(document.run_id),
+        lambda session: session.best is not None and session.like == document.run_id,
+    )
+    if found is not None and found.session.best is not None:
+        best = found.session.best
+        base = TorchSetting(
+            num_workers=best.setting,
+            source=f"doctor session {found.session.session_id}, {found.how}: feedscope's "
+            f"DataLoader gave {IMAGES_PER_S.cell(best.images_per_s, best.images_per_s_error)} "
+            f"images/s at num_workers={best.setting}",
+            predicted_images_per_s=best.images_per_s,
+            prefetch_factor=prefetch,
+        )
+    else:
+        base = TorchSetting(
+            num_workers=int(loader.get("num_workers") or 0),
+            source=f"the job's own, not measured for the recipe: `probe doctor --like "
+            f"{document.run_id}` measures it",
+            prefetch_factor=prefetch,
+        )
+    if workers is None:
+        return base
+    return TorchSetting(
+        num_workers=workers,
+        source=f"given on the command line (the measured setting: {base.source})",
+        prefetch_factor=prefetch,
+    )

@@ -1,6 +1,6 @@
-"""The offer of `probe migrate RUN` where DALI is the answer for a watched DataLoader, with the
-one line of the user's script to change: the same words at exit, in `probe show`, on the Run
-page and in the reports."""
+"""The offer of `probe migrate RUN` where DALI or feedscope's DataLoader recipe is the answer
+for a watched DataLoader, with the one line of the user's script to change: the same words at
+exit, in `probe show`, on the Run page and in the reports."""
 
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ from pathlib import Path
 
 from probe.judge.changes import Knob, Recommendation
 from probe.present.migrate import DaliSetting, Unmovable, dali_module
+from probe.present.migrate_torch import TorchSetting, torch_module
 from probe.store.documents import RunDocument
-
-MODULE = "dali_loader"  # the written module's name where the loader's is not known
 
 
 def origin_of(document: RunDocument) -> str:
@@ -27,57 +26,75 @@ def script_of(document: RunDocument) -> str:
     return (document.label or "train.py").split(" (")[0]
 
 
-def change_line(document: RunDocument, module: str) -> str:
-    """The one change to the user's script: where its loader is made, the module's instead."""
+def change_line(document: RunDocument, module: str, original: bool = False) -> str:
+    """The one change to the user's script: where its loader is made, the module's instead;
+    or where the module keeps steps of the job's own (`original`), a line after it that gives
+    the module the job's loader."""
     recipe = document.config.get("spec", {}).get("recipe") or {}
     name = recipe.get("variable") or "loader"
     where = ""
     if recipe.get("line"):
         where = f", iterated at {Path(str(recipe.get('file') or '')).name}:{recipe['line']}"
+    beside = f"with `import {module}` beside it (the module next to {script_of(document)})"
+    if original:
+        return (
+            f"add one line after the one where {script_of(document)} makes `{name}`{where}: "
+            f"`{name} = {module}.loader(original={name})`, {beside}"
+        )
     return (
         f"change one line (where {script_of(document)} makes `{name}`{where}): "
-        f"`{name} = {module}.loader()`, with `import {module}` beside it (the module next to "
-        f"{script_of(document)})"
+        f"`{name} = {module}.loader()`, {beside}"
     )
 
 
-def module_name(document: RunDocument) -> str:
+def module_name(document: RunDocument, prefix: str = "dali") -> str:
     """The written module's default name: after the loader's name in the script
-    (`dali_train_loader`), so that a script's loaders get one each."""
+    (`dali_train_loader`, `torch_train_loader`), so that a script's loaders get one each."""
     recipe = document.config.get("spec", {}).get("recipe") or {}
     name = str(recipe.get("variable") or "")
-    return f"dali_{name}" if name.isidentifier() else MODULE
+    return f"{prefix}_{name}" if name.isidentifier() else f"{prefix}_loader"
 
 
 @dataclass(frozen=True)
 class MigrateOffer:
-    """The command that writes a watched loader's DALI module, and the line to change."""
+    """The command that writes a watched loader's module, what it writes, and the line to
+    change."""
 
     command: str
     change: str
+    what: str = "DALI"
 
     @property
     def lines(self) -> list[str]:
-        return [f"DALI written for this loader: `{self.command}`", self.change]
+        return [f"{self.what} written for this loader: `{self.command}`", self.change]
 
 
 def migrate_offer(
     document: RunDocument, recommendations: Sequence[Recommendation]
 ) -> MigrateOffer | None:
-    """Where DALI is the answer (the first change) for a watched DataLoader whose recorded
-    recipe can be written (`dali_module` refuses nothing of it): the command that writes its
-    DALI loader, and the line to change; else None."""
+    """Where DALI or feedscope's DataLoader recipe is the answer (the first change) for a
+    watched DataLoader whose recorded recipe can be written (nothing of it refused): the command
+    that writes its loader, and the line to change; else None."""
     spec = document.config.get("spec", {})
     recipe = spec.get("recipe")
     if document.kind != "watch" or document.pipeline != "torch" or not recipe:
         return None
-    if not recommendations or recommendations[0].change.knob is not Knob.PIPELINE:
-        return None
+    knob = recommendations[0].change.knob if recommendations else None
     try:
-        dali_module(recipe, DaliSetting(num_threads=1, hw_decoder_load=0.0), "")
+        if knob is Knob.PIPELINE:
+            dali_module(recipe, DaliSetting(num_threads=1, hw_decoder_load=0.0), "")
+            module = module_name(document)
+            return MigrateOffer(
+                f"probe migrate {document.run_id} -o {module}.py", change_line(document, module)
+            )
+        if knob is Knob.RECIPE:
+            written = torch_module(recipe, TorchSetting(num_workers=0), "")
+            module = module_name(document, "torch")
+            return MigrateOffer(
+                f"probe migrate {document.run_id} --to dataloader -o {module}.py",
+                change_line(document, module, original=bool(written.keeps)),
+                "feedscope's DataLoader recipe",
+            )
     except Unmovable:
         return None
-    module = module_name(document)
-    return MigrateOffer(
-        f"probe migrate {document.run_id} -o {module}.py", change_line(document, module)
-    )
+    return None

@@ -1,0 +1,169 @@
+"""feedscope's DataLoader recipe as a change for a watched DataLoader job: decoding JPEGs at a
+reduced scale where the crop allows, uint8 handed over and normalized after the copy, workers
+kept between epochs (`pipelines.torch_loader`; `probe migrate --to dataloader` writes it for the
+job). It is recommended where the job starves and its loader costs RECIPE_WORTH_IT times the CPU
+an image that the recipe cost on the job's files, measured by the doctor like the run
+(`probe doctor --like RUN`: its DataLoader points are the recipe's), at the images/s measured
+there; before that is measured, where the CPU holds the loader, with what measures it. Where
+DALI is not installed here, it is the first change."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from collections.abc import Sequence
+
+from pipelines import InputError
+from probe.judge.changes import Change, Knob, Recommendation
+from probe.judge.facts import LaneFacts, run_facts
+from probe.judge.like import LikeSession, like_session
+from probe.judge.thresholds import RECIPE_WORTH_IT
+from probe.judge.verdicts import FED_KINDS, Verdict, VerdictKind
+from probe.measure.recipe import RECIPE_STEPS
+from probe.metrics import CPU_PER_IMAGE
+from probe.records import RunRecord
+from probe.store.db import Store
+
+# Where the CPU holds a DataLoader: a loader that costs less CPU an image is a change of its own
+_CPU_HELD = frozenset(
+    {
+        VerdictKind.STARVED_CPU_SATURATED,
+        VerdictKind.STARVED_CPU_HEADROOM,
+        VerdictKind.MAIN_PROCESS_BOUND,
+        VerdictKind.OVERSUBSCRIBED,
+        VerdictKind.SHARED_CORES,
+    }
+)
+# The first step of a chain whose cost feedscope's DataLoader stands for: it crops as it does
+STANDS_FOR = "RandomResizedCrop"
+WHAT_IT_DOES = (
+    "JPEGs decoded at a reduced scale where the crop allows, uint8 handed over and normalized "
+    "after the copy, its workers kept between epochs"
+)
+
+
+def with_recipe(
+    store: Store,
+    run: RunRecord,
+    facts: Sequence[LaneFacts],
+    verdict: Verdict,
+    recommendations: Sequence[Recommendation],
+) -> list[Recommendation]:
+    """The run's recommendations with the recipe among them where it is one (`recipe_change`),
+    ranked by its predicted images/s, or first where DALI is not installed here."""
+    recipe = recipe_change(store, run, facts, verdict)
+    out = list(recommendations)
+    if recipe is None:
+        return out
+    if importlib.util.find_spec("nvidia.dali") is None:
+        return [recipe, *out]
+    predicted = recipe.predicted_images_per_s
+    place = next(
+        (
+            index
+            for index, other in enumerate(out)
+            if predicted is not None
+            and (other.predicted_images_per_s is None or other.predicted_images_per_s < predicted)
+        ),
+        len(out),
+    )
+    return [*out[:place], recipe, *out[place:]]
+
+
+def recipe_change(
+    store: Store, run: RunRecord, facts: Sequence[LaneFacts], verdict: Verdict
+) -> Recommendation | None:
+    """feedscope's DataLoader recipe for a watched DataLoader that starves (None: not one)."""
+    if run.kind != "watch" or run.pipeline != "torch" or not facts or not verdict.reliable:
+        return None
+    if verdict.kind in FED_KINDS or verdict.kind is VerdictKind.IO_BOUND:
+        return None
+    found = like_session(
+        store, run, lambda session: session.best is not None and session.like == run.run_id
+    )
+    if found is not None:
+        return _measured(store, run, facts, found)
+    if verdict.kind not in _CPU_HELD or not facts[0].watched_files:
+        return None
+    return Recommendation(
+        _action(run),
+        Change(Knob.RECIPE, facts[0].num_workers or 0),
+        None,
+        f"not predicted: `probe doctor --like {run.run_id}` measures it on the job's files",
+    )
+
+
+def _action(run: RunRecord) -> str:
+    return (
+        f"feedscope's DataLoader recipe, written for this loader by `probe migrate {run.run_id} "
+        f"--to dataloader`: {WHAT_IT_DOES}"
+    )
+
+
+def _measured(
+    store: Store, run: RunRecord, facts: Sequence[LaneFacts], found: LikeSession
+) -> Recommendation | None:
+    """The recipe at the doctor's best DataLoader point, where the job's loader costs
+    RECIPE_WORTH_IT times its CPU an image and it was faster than the job (None: not so)."""
+    best = found.session.best
+    assert best is not None
+    costs = [f.figures.cpu_ms_per_image for f in facts if f.figures.cpu_ms_per_image]
+    own_cpu = sum(costs) / len(costs) if costs else None
+    recipe_cpu = _cpu_per_image(store, best.run_id)
+    if own_cpu is None or recipe_cpu is None or own_cpu < RECIPE_WORTH_IT * recipe_cpu:
+        return None
+    if best.images_per_s <= sum(f.figures.images_per_s for f in facts):
+        return None  # no faster than the job as it ran
+    costs_text = (
+        f"it cost {CPU_PER_IMAGE.text(recipe_cpu)} of CPU an image on the job's files, where "
+        f"this loader costs {CPU_PER_IMAGE.text(own_cpu)}"
+    )
+    first = _first_step(run)
+    if first != STANDS_FOR:
+        return Recommendation(
+            _action(run),
+            Change(Knob.RECIPE, best.setting),
+            None,
+            f"not predicted: the doctor's DataLoader crops as {STANDS_FOR} does, and this "
+            f"loader's transform starts with {first}; {costs_text}",
+        )
+    return Recommendation(
+        _action(run),
+        Change(Knob.RECIPE, best.setting),
+        best.images_per_s,
+        f"measured by doctor session {found.session.session_id} ({found.how}), run "
+        f"{best.run_id}: {costs_text}",
+        notes=_kept_note(run),
+        predicted_error=best.images_per_s_error,
+    )
+
+
+def _first_step(run: RunRecord) -> str | None:
+    """The name of the first step of a watched loader's transform (None: none recorded)."""
+    steps = run.config.get("spec", {}).get("recipe", {}).get("transform") or []
+    return str(steps[0].get("name")) if steps else None
+
+
+def _kept_note(run: RunRecord) -> tuple[str, ...]:
+    """What the prediction leaves out: steps of the job's own that the recipe keeps as they are
+    (functions; transforms other than torchvision's crops, resizes, flips and conversions)."""
+    steps = run.config.get("spec", {}).get("recipe", {}).get("transform") or []
+    kept = [str(step.get("name")) for step in steps if step.get("name") not in RECIPE_STEPS]
+    if not kept:
+        return ()
+    return (
+        f"predicted without {', '.join(kept)}: the written loader keeps them as the job's own, "
+        "and their cost stays",
+    )
+
+
+def _cpu_per_image(store: Store, run_id: str | None) -> float | None:
+    """A run's CPU per image over its lanes (None: not measured)."""
+    if run_id is None:
+        return None
+    try:
+        costs = [f.figures.cpu_ms_per_image for f in run_facts(store, run_id)]
+    except (InputError, KeyError):
+        return None
+    measured = [c for c in costs if c is not None and math.isfinite(c)]
+    return sum(measured) / len(measured) if measured else None

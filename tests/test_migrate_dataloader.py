@@ -1,0 +1,283 @@
+"""`probe migrate --to dataloader`'s module: feedscope's DataLoader recipe written for a job's own
+loader, run on the CPU against torchvision's transforms (as `fake_torchvision` computes them with
+PIL) on the same files and seeds: the validation chain's pixels within a stated difference, the
+training chain's crops and flips within what was asked, the same files, labels and batches."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import fake_torchvision as tv
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from helpers import natural_image
+from probe.measure.recipe import recipe_of
+from probe.present.migrate import Unmovable, files_name
+from probe.present.migrate_torch import TorchSetting, torch_module
+
+MEAN = [0.485, 0.456, 0.406]
+STD = [0.229, 0.224, 0.225]
+SETTING = TorchSetting(num_workers=0, source="the job's own (2 workers)")
+ORIGIN = "run 20261128-080000-0000 of main.py (training loader)"
+# Per pixel, in 0..1 units, between the written loader's validation images and torchvision's on
+# the same camera-sized JPEGs (decoded at 1/2 or 1/4 scale before the resize): measured 0.0007
+# on average over these photos and 0.0015 on the worst one (1800x1350, at 1/4). Their edges are
+# soft; a sharp photo's differ more where the resize keeps detail the scaled decode smooths.
+VALIDATION_BOUND = 0.005
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Six JPEGs in two classes: 1800x1350, 1200x900 and 900x1200 (a portrait) each."""
+    root = tmp_path_factory.mktemp("photos")
+    sizes = [(1800, 1350), (1200, 900), (900, 1200)]
+    for label in range(2):
+        (root / f"class{label}").mkdir()
+        for n, (width, height) in enumerate(sizes):
+            image = natural_image(width, height, seed=label * 10 + n)
+            image.save(root / f"class{label}" / f"{n}.jpg", quality=90)
+    return root
+
+
+@pytest.fixture(scope="module")
+def coordinates(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """48 copies of a 1024x1024 JPEG whose red is its x / 4 and green its y / 4."""
+    root = tmp_path_factory.mktemp("coordinates")
+    (root / "all").mkdir()
+    y, x = np.mgrid[0:1024, 0:1024]
+    pixels = np.stack([x // 4, y // 4, np.full_like(x, 128)], axis=-1).astype(np.uint8)
+    first = root / "all" / "00.jpg"
+    Image.fromarray(pixels).save(first, quality=95, subsampling=0)
+    for n in range(1, 48):
+        (root / "all" / f"{n:02d}.jpg").write_bytes(first.read_bytes())
+    return root
+
+
+def validation(size: int = 256, crop: int = 224) -> tv.Compose:
+    return tv.Compose(
+        [tv.Resize(size), tv.CenterCrop(crop), tv.ToTensor(), tv.Normalize(MEAN, STD)]
+    )
+
+
+def training(size: int = 224, scale: tuple[float, float] = (0.08, 1.0)) -> tv.Compose:
+    return tv.Compose(
+        [
+            tv.RandomResizedCrop(size, scale=scale),
+            tv.RandomHorizontalFlip(),
+            tv.ToTensor(),
+            tv.Normalize(MEAN, STD),
+        ]
+    )
+
+
+def data_loader(dataset: Any, batch_size: int, shuffle: bool, **options: Any) -> Any:
+    return torch.utils.data.DataLoader(
+        dataset, batch_size=batch_size, shuffle=shuffle, num_workers=0, **options
+    )
+
+
+def written(loader: Any, folder: Path, name: str = "torch_loader") -> ModuleType:
+    """The module written for a DataLoader, imported from `folder`."""
+    path = folder / f"{name}.py"
+    result = torch_module(recipe_of(loader), SETTING, ORIGIN)
+    path.write_text(result.module)
+    if result.files is not None:
+        Path(files_name(str(path))).write_text(result.files)
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def to_unit(images: torch.Tensor) -> torch.Tensor:
+    """Normalized NCHW images back in 0..1 units."""
+    return images * torch.tensor(STD).view(1, 3, 1, 1) + torch.tensor(MEAN).view(1, 3, 1, 1)
+
+
+def test_validation_images_match_torchvision_on_the_same_files(
+    photos: Path, tmp_path: Path
+) -> None:
+    dataset = tv.ImageFolder(str(photos), transform=validation())
+    module = written(data_loader(dataset, batch_size=4, shuffle=False), tmp_path)
+    assert module.REDUCED and module.HANDOVER == "uint8"
+
+    differences: list[torch.Tensor] = []
+    labels: list[int] = []
+    for images, batch_labels in module.loader(device="cpu", seed=1):
+        start = len(labels)
+        labels.extend(batch_labels.tolist())
+        assert images.dtype == torch.float32 and images.shape[1:] == (3, 224, 224)
+        assert batch_labels.dtype == torch.int64
+        expected = torch.stack([dataset[start + n][0] for n in range(len(images))])
+        differences.append((to_unit(images) - to_unit(expected)).abs().mean(dim=(1, 2, 3)))
+
+    assert labels == dataset.targets
+    mean_absolute = torch.cat(differences)
+    assert float(mean_absolute.max()) < VALIDATION_BOUND, mean_absolute.tolist()
+
+
+def test_uint8_handed_over_and_normalized_after_the_copy_is_what_the_workers_would_give(
+    photos: Path, tmp_path: Path
+) -> None:
+    """On a GPU the workers hand over uint8 and the copy is normalized (`_after_copy`); on the
+    CPU alone the workers finish it: the two give the same images to float32's precision."""
+    dataset = tv.ImageFolder(str(photos), transform=validation())
+    module = written(data_loader(dataset, batch_size=4, shuffle=False), tmp_path)
+    pairs = module.samples()
+    on_gpu = module.Dataset(pairs, {}, on_gpu=True, seed=1)
+    on_cpu = module.Dataset(pairs, {}, on_gpu=False, seed=1)
+    handed = torch.stack([on_gpu[i][0] for i in range(3)])
+    finished = torch.stack([on_cpu[i][0] for i in range(3)])
+    assert handed.dtype == torch.uint8 and finished.dtype == torch.float32
+    assert torch.allclose(module._after_copy(handed), finished, atol=1e-5)
+
+
+def test_training_crops_and_flips_are_within_what_was_asked(
+    coordinates: Path, tmp_path: Path
+) -> None:
+    size, scale, ratio = 64, (0.25, 0.6), (3 / 4, 4 / 3)
+    dataset = tv.ImageFolder(str(coordinates), transform=training(size, scale))
+    module = written(data_loader(dataset, batch_size=16, shuffle=True), tmp_path)
+    assert module.REDUCED  # 1024-pixel crops of 64: decoded at 1/4 or 1/8 of the size
+
+    areas, aspects, mirrored = [], [], 0
+    for images, _ in module.loader(device="cpu", seed=3):
+        pixels = to_unit(images) * 255 * 4  # red: x, green: y of the 1024x1024 source
+        for image in pixels:
+            first_x, last_x = float(image[0, :, 0].mean()), float(image[0, :, -1].mean())
+            first_y, last_y = float(image[1, 0, :].mean()), float(image[1, -1, :].mean())
+            # edge pixels' centres lie half an output pixel inside the crop window
+            width = abs(last_x - first_x) * size / (size - 1)
+            height = (last_y - first_y) * size / (size - 1)
+            areas.append(width * height / 1024**2)
+            aspects.append(width / height)
+            mirrored += last_x < first_x
+
+    assert len(areas) == 48
+    tolerance = 0.05  # relative: 4 pixels a level, and JPEG's rounding, on crops of ~600
+    assert scale[0] * (1 - tolerance) <= min(areas) and max(areas) <= scale[1] * (1 + tolerance)
+    assert ratio[0] * (1 - tolerance) <= min(aspects) and max(aspects) <= ratio[1] * (1 + tolerance)
+    assert min(areas) < 0.35 and max(areas) > 0.5  # drawn over the range, not one size
+    assert 10 <= mirrored <= 38  # p = 0.5 of 48: outside this by chance once in 10^5
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_epochs_are_the_dataloaders_files_labels_and_batches(
+    photos: Path, tmp_path: Path, drop_last: bool
+) -> None:
+    dataset = tv.ImageFolder(str(photos), transform=validation(32, 32))
+    job = data_loader(dataset, batch_size=4, shuffle=True, drop_last=drop_last)
+    module = written(job, tmp_path)
+    batches = module.loader(device="cpu", seed=5)
+
+    assert len(batches) == len(job) == (1 if drop_last else 2)
+    assert batches.batch_size == 4 and len(batches.dataset) == 6
+    epochs = []
+    for _ in range(2):
+        batches.set_epoch(0)
+        epochs.append([label for _, labels in batches for label in labels.tolist()])
+    assert [len(epoch) for epoch in epochs] == [4, 4] if drop_last else [6, 6]
+    if not drop_last:
+        assert sorted(epochs[0]) == sorted(dataset.targets)
+
+
+def test_a_step_it_cannot_write_is_the_jobs_own_from_its_loader(
+    photos: Path, tmp_path: Path
+) -> None:
+    def grey(image: Image.Image) -> Image.Image:
+        return image.convert("L").convert("RGB")
+
+    chain = tv.Compose(
+        [tv.Resize(256), tv.CenterCrop(224), grey, tv.ToTensor(), tv.Normalize(MEAN, STD)]
+    )
+    dataset = tv.ImageFolder(str(photos), transform=chain)
+    job = data_loader(dataset, batch_size=3, shuffle=False)
+    module = written(job, tmp_path)
+    assert module.KEPT == 1 and module.REDUCED and module.HANDOVER == "uint8"
+
+    with pytest.raises(ValueError, match="keeps the job's own grey"):
+        module.loader(device="cpu")
+    images, _ = next(iter(module.loader(device="cpu", original=job)))
+    expected = torch.stack([dataset[n][0] for n in range(3)])
+    assert float((to_unit(images) - to_unit(expected)).abs().mean()) < VALIDATION_BOUND
+    assert torch.allclose(images[:, 0], images[:, 0])  # grey: its channels agree in 0..1 units
+    unit = to_unit(images)
+    assert float((unit[:, 0] - unit[:, 1]).abs().max()) < 1e-5
+
+
+def test_a_step_after_the_tensor_keeps_the_workers_normalizing(
+    photos: Path, tmp_path: Path
+) -> None:
+    def darker(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor * 0.5
+
+    chain = tv.Compose([tv.Resize(64), tv.CenterCrop(64), tv.ToTensor(), darker])
+    dataset = tv.ImageFolder(str(photos), transform=chain)
+    job = data_loader(dataset, batch_size=2, shuffle=False)
+    module = written(job, tmp_path)
+    assert module.HANDOVER == "float"
+
+    images, _ = next(iter(module.loader(device="cpu", original=job)))
+    expected = torch.stack([dataset[n][0] for n in range(2)])
+    assert float((images - expected).abs().mean()) < VALIDATION_BOUND
+
+
+def test_a_custom_collate_and_a_target_transform_are_refused(photos: Path) -> None:
+    def stack(batch: list[Any]) -> Any:
+        return batch
+
+    dataset = tv.ImageFolder(str(photos), transform=validation())
+    dataset.target_transform = lambda label: label + 1  # type: ignore[assignment]
+    loader = torch.utils.data.DataLoader(dataset, batch_size=4, collate_fn=stack)
+
+    with pytest.raises(Unmovable) as refused:
+        torch_module(recipe_of(loader), SETTING, ORIGIN)
+    assert [line.split(" ")[0] for line in refused.value.lines] == [
+        "collate_fn",
+        "target_transform",
+    ]
+    assert "cannot be written as a DataLoader" in str(refused.value)
+
+
+def test_its_workers_are_kept_between_epochs(photos: Path, tmp_path: Path) -> None:
+    dataset = tv.ImageFolder(str(photos), transform=validation(32, 32))
+    result = torch_module(
+        recipe_of(data_loader(dataset, batch_size=3, shuffle=False)),
+        TorchSetting(num_workers=2, source="measured", prefetch_factor=2),
+        ORIGIN,
+    )
+    path = tmp_path / "kept_workers.py"
+    path.write_text(result.module)
+    spec = importlib.util.spec_from_file_location("kept_workers", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    batches = module.loader(device="cpu", seed=1)
+    assert batches.batches.persistent_workers and batches.batches.num_workers == 2
+    labels = [[label for _, labels in batches for label in labels.tolist()] for _ in range(2)]
+    assert labels[0] == labels[1] == dataset.targets
+
+
+def test_the_module_imports_torch_numpy_and_pillow_only(photos: Path) -> None:
+    loader = data_loader(tv.ImageFolder(str(photos), transform=training()), 4, shuffle=True)
+    text = torch_module(recipe_of(loader), SETTING, ORIGIN).module
+    tree = ast.parse(text)
+
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            imported.add(node.module.split(".")[0])
+    assert imported - set(sys.stdlib_module_names) == {"torch", "numpy", "PIL"}
+    docstring = ast.get_docstring(tree) or ""
+    assert "feedscope" in docstring and ORIGIN in text and SETTING.source in text
