@@ -12,15 +12,17 @@ from __future__ import annotations
 import importlib.util
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from pipelines import InputError
 from probe.judge.changes import Change, Knob, Recommendation
 from probe.judge.facts import LaneFacts, run_facts
 from probe.judge.like import LikeSession, like_session
+from probe.judge.results import Session
 from probe.judge.thresholds import RECIPE_WORTH_IT
 from probe.judge.verdicts import FED_KINDS, Verdict, VerdictKind
 from probe.measure.recipe import RECIPE_STEPS
-from probe.metrics import CPU_PER_IMAGE
+from probe.metrics import CPU_PER_IMAGE, IMAGES_PER_S
 from probe.records import RunRecord
 from probe.store.db import Store
 
@@ -40,6 +42,43 @@ WHAT_IT_DOES = (
     "JPEGs decoded at a reduced scale where the crop allows, uint8 handed over and normalized "
     "after the copy, its workers kept between epochs"
 )
+
+
+@dataclass(frozen=True)
+class RecipeFigure:
+    """What the doctor measured of feedscope's DataLoader at its best num_workers: as the job
+    reads it, epoch by epoch (the doctor's epochs run, where it read the best setting so, with
+    the job's persistent_workers: the recipe keeps its workers, so that is its floor), else as
+    one stream."""
+
+    num_workers: int
+    images_per_s: float
+    error: float | None
+    run_id: str | None
+    read: str  # "epoch by epoch" or "as one stream"
+
+    @property
+    def cell(self) -> str:
+        return IMAGES_PER_S.cell(self.images_per_s, self.error)
+
+
+def recipe_figure(session: Session) -> RecipeFigure | None:
+    """The recipe's figure in a doctor session (None: it measured no DataLoader point)."""
+    best = session.best
+    if best is None:
+        return None
+    epochs = session.epochs
+    if epochs is not None and epochs.images_per_s and epochs.num_workers == best.setting:
+        return RecipeFigure(
+            best.setting,
+            epochs.images_per_s,
+            epochs.images_per_s_error,
+            epochs.run_id,
+            "epoch by epoch",
+        )
+    return RecipeFigure(
+        best.setting, best.images_per_s, best.images_per_s_error, best.run_id, "as one stream"
+    )
 
 
 def with_recipe(
@@ -105,36 +144,37 @@ def _measured(
 ) -> Recommendation | None:
     """The recipe at the doctor's best DataLoader point, where the job's loader costs
     RECIPE_WORTH_IT times its CPU an image and it was faster than the job (None: not so)."""
-    best = found.session.best
-    assert best is not None
+    figure = recipe_figure(found.session)
+    assert figure is not None
     costs = [f.figures.cpu_ms_per_image for f in facts if f.figures.cpu_ms_per_image]
     own_cpu = sum(costs) / len(costs) if costs else None
-    recipe_cpu = _cpu_per_image(store, best.run_id)
+    recipe_cpu = _cpu_per_image(store, figure.run_id)
     if own_cpu is None or recipe_cpu is None or own_cpu < RECIPE_WORTH_IT * recipe_cpu:
         return None
-    if best.images_per_s <= sum(f.figures.images_per_s for f in facts):
+    if figure.images_per_s <= sum(f.figures.images_per_s for f in facts):
         return None  # no faster than the job as it ran
     costs_text = (
         f"it cost {CPU_PER_IMAGE.text(recipe_cpu)} of CPU an image on the job's files, where "
         f"this loader costs {CPU_PER_IMAGE.text(own_cpu)}"
     )
     first = _first_step(run)
+    change = Change(Knob.RECIPE, figure.num_workers)
     if first != STANDS_FOR:
         return Recommendation(
             _action(run),
-            Change(Knob.RECIPE, best.setting),
+            change,
             None,
             f"not predicted: the doctor's DataLoader crops as {STANDS_FOR} does, and this "
             f"loader's transform starts with {first}; {costs_text}",
         )
     return Recommendation(
         _action(run),
-        Change(Knob.RECIPE, best.setting),
-        best.images_per_s,
-        f"measured by doctor session {found.session.session_id} ({found.how}), run "
-        f"{best.run_id}: {costs_text}",
+        change,
+        figure.images_per_s,
+        f"measured by doctor session {found.session.session_id} ({found.how}), read "
+        f"{figure.read}, run {figure.run_id}: {costs_text}",
         notes=_kept_note(run),
-        predicted_error=best.images_per_s_error,
+        predicted_error=figure.error,
     )
 
 

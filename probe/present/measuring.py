@@ -33,7 +33,7 @@ from pipelines import (
 from pipelines.loader import cuda_device_count
 from probe.measure.bench import BenchResult
 from probe.measure.stop import Stop
-from probe.metrics import counted
+from probe.metrics import IMAGES_PER_S, counted
 from probe.present import console, tables, terminal
 from probe.present.jsontext import json_text
 from probe.present.options import (
@@ -497,8 +497,31 @@ def doctor(
         console.err.print(f"no answer: {session.reason} (session {session.session_id})")
     else:
         console.print_session(session)
+        if like is not None:
+            _recipe_told(db, like)
         console.err.print(f"session {session.session_id}")
     return exit_code(session.status.value)
+
+
+def _recipe_told(db: Path | None, like: str) -> None:
+    """After a doctor measured like a watched DataLoader: its DataLoader was feedscope's recipe,
+    not the job's own loader; where the job's loader costs well more CPU an image, the recipe
+    as the job's change, with the figure measured here (`probe.judge.recipe`)."""
+    from probe.judge.changes import Knob
+    from probe.judge.diagnosis import diagnose_run
+
+    with Store(db, create=db is None) as store:
+        if store.run(like).kind != "watch":
+            return
+        recommendations = diagnose_run(store, like).recommendations
+    for recipe in recommendations:
+        if recipe.change.knob is Knob.RECIPE and recipe.predicted_images_per_s is not None:
+            shown = IMAGES_PER_S.cell(recipe.predicted_images_per_s, recipe.predicted_error)
+            console.err.print(
+                f"the DataLoader measured here is feedscope's recipe, not run {like}'s own "
+                f"loader: for the job, {recipe.setting}, predicted {shown} images/s "
+                f"({recipe.basis}); `probe migrate {like} --to dataloader` writes it"
+            )
 
 
 def _cores_per_lane(config: ProbeConfig) -> int:

@@ -14,8 +14,8 @@ from typing import Any
 
 from pipelines import DaliOptions, InputError
 from probe.judge.like import like_session
+from probe.judge.recipe import recipe_figure
 from probe.judge.results import is_session_id, resolve_subject
-from probe.metrics import IMAGES_PER_S
 from probe.present import console
 from probe.present.measuring import EXIT_FAILED
 from probe.present.migrate import DaliSetting, dali_module, files_name
@@ -192,14 +192,14 @@ def torch_setting_for(
         store.run(document.run_id),
         lambda session: session.best is not None and session.like == document.run_id,
     )
-    if found is not None and found.session.best is not None:
-        best = found.session.best
+    figure = None if found is None else recipe_figure(found.session)
+    if found is not None and figure is not None:
         base = TorchSetting(
-            num_workers=best.setting,
+            num_workers=figure.num_workers,
             source=f"doctor session {found.session.session_id}, {found.how}: feedscope's "
-            f"DataLoader gave {IMAGES_PER_S.cell(best.images_per_s, best.images_per_s_error)} "
-            f"images/s at num_workers={best.setting}",
-            predicted_images_per_s=best.images_per_s,
+            f"DataLoader gave {figure.cell} images/s at num_workers={figure.num_workers}, read "
+            f"{figure.read}",
+            predicted_images_per_s=figure.images_per_s,
             prefetch_factor=prefetch,
         )
     else:
