@@ -54,37 +54,5 @@ watched recipe recipe.py
 (cd "$work" && python -m probe migrate "$original" --force) > "$out/migrate-dali.log" 2>&1
 changed dali_train_loader dali.py
 watched dali dali.py
-python - "$original" "$(run_of recipe)" "$(run_of dali)" > "$out/table.md" <<'PY'
-import sys
-from probe.judge.changes import Knob
-from probe.judge.diagnosis import diagnose_run
-from probe.store.db import Store
-from probe.store.documents import read_run
-
-original, recipe, dali = sys.argv[1:]
-with Store() as store:
-    answer = diagnose_run(store, original).recommendations
-    named = [r for r in answer if r.change.knob is Knob.RECIPE]
-    predicted = named[0] if named else None
-    rows = []
-    for label, run in (("the job's", original), ("the recipe's", recipe), ("DALI's", dali)):
-        figures = read_run(store, run).lanes[0].figures
-        rows.append((label, run, figures))
-base = rows[0][2].images_per_s
-print("| loader | run | images/s | vs the job's | CPU per image | data-wait |")
-print("|---|---|---:|---:|---:|---:|")
-for label, run, f in rows:
-    cpu = f"{f.cpu_ms_per_image:.1f} ms" if f.cpu_ms_per_image else "-"
-    wait = f"{f.data_wait_frac:.0%}" if f.data_wait_frac is not None else "-"
-    print(f"| {label} | {run} | {f.images_per_s:,.1f} ± {f.images_per_s_error or 0:,.1f} | "
-          f"{f.images_per_s / base:.2f}x | {cpu} | {wait} |")
-if predicted is None or predicted.predicted_images_per_s is None:
-    print("\nthe answer named no recipe with a figure: " + "; ".join(r.setting for r in answer))
-else:
-    value = predicted.predicted_images_per_s
-    got = rows[1][2].images_per_s
-    print(f"\nthe answer: {predicted.setting}, predicted {value:,.1f} ± "
-          f"{predicted.predicted_error or 0:,.1f} images/s ({predicted.basis}); measured "
-          f"{got:,.1f}: {got / value - 1:+.1%} against the prediction")
-PY
+python "$here/loaders_table.py" "$original" "$(run_of recipe)" "$(run_of dali)" > "$out/table.md"
 cat "$out/table.md"
