@@ -3,7 +3,7 @@
 # 16 cores, in one call (the machine keeps nothing between calls):
 #   bash tests/benchmarks/recipe_gpu.sh OUT
 # 1,536 camera-sized JPEGs (and 128 for validation); the script (.outside/imagenet_main.py,
-# ResNet-18, batches of 128, 16 workers) under probe watch; probe doctor --like its training
+# ResNet-18, batches of 64, 16 workers, 4 epochs) under probe watch; probe doctor --like its training
 # loader; probe migrate --to dataloader; the script with its training loader's lines changed to
 # the written module, under probe watch; the table (tests/benchmarks/loaders_table.py).
 set -euo pipefail
@@ -11,7 +11,7 @@ out="$(mkdir -p "$1" && cd "$1" && pwd)"
 here="$(cd "$(dirname "$0")" && pwd)"; root="$(cd "$here/../.." && pwd)"
 export FEEDSCOPE_DB="$out/feedscope.db" PYTHONPATH="$root" PYTHONUNBUFFERED=1
 camera=(--width 1600-2000 --height 1200-1500)
-script=(/tmp/data -a resnet18 -b 128 --gpu 0 -p 100 -j 16 --epochs "${EPOCHS:-3}")
+script=(/tmp/data -a resnet18 -b 64 --gpu 0 -p 100 -j 16 --epochs "${EPOCHS:-4}")
 mkdir -p /tmp/work
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc;
   git -C "$root" log --oneline -1 2>/dev/null || true; } > "$out/card.txt"
