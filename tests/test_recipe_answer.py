@@ -6,6 +6,7 @@ wrote (164.0 ± 5.7 images/s, 6.3% below the 175.0 predicted)."""
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import sqlite3
 from pathlib import Path
@@ -81,7 +82,7 @@ def test_before_the_doctor_the_recipe_is_named_with_what_measures_it(
     without_sessions(recorded)
     with Store(recorded) as store:
         answer = diagnose_run(store, ORIGINAL).recommendations
-        monkeypatch.setattr(recipe_module.importlib.util, "find_spec", lambda name: None)
+        monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
         without_dali = diagnose_run(store, ORIGINAL).recommendations
     knobs = [r.change.knob for r in answer]
     assert knobs == [Knob.PIPELINE, Knob.RECIPE]

@@ -49,13 +49,14 @@ class RecipeFigure:
     """What the doctor measured of feedscope's DataLoader at its best num_workers: as the job
     reads it, epoch by epoch (the doctor's epochs run, where it read the best setting so, with
     the job's persistent_workers: the recipe keeps its workers, so that is its floor), else as
-    one stream."""
+    one stream: its answer's figure for the setting (pooled where it measured it again), else
+    the point's."""
 
     num_workers: int
     images_per_s: float
     error: float | None
     run_id: str | None
-    read: str  # "epoch by epoch" or "as one stream"
+    read: str  # "epoch by epoch", or "as one stream" (the answer's figure where it gave one)
 
     @property
     def cell(self) -> str:
@@ -76,6 +77,20 @@ def recipe_figure(session: Session) -> RecipeFigure | None:
             epochs.run_id,
             "epoch by epoch",
         )
+    for answer in session.recommendations:  # its answer's figure: pooled where measured again
+        change = answer.change
+        if (
+            change.knob is Knob.NUM_WORKERS
+            and change.value == best.setting
+            and answer.predicted_images_per_s is not None
+        ):
+            return RecipeFigure(
+                best.setting,
+                answer.predicted_images_per_s,
+                answer.predicted_error,
+                best.run_id,
+                "as one stream, as the doctor's answer gives it",
+            )
     return RecipeFigure(
         best.setting, best.images_per_s, best.images_per_s_error, best.run_id, "as one stream"
     )
