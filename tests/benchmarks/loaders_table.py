@@ -35,10 +35,12 @@ def main(original: str, recipe: str, dali: str | None = None) -> None:
     if predicted is None:
         print("the answer named no recipe with a figure")
         return
-    got = rows[1][2].images_per_s
+    got, error = rows[1][2].images_per_s, rows[1][2].images_per_s_error or 0.0
+    within = "within" if abs(got - predicted) <= error else "outside"
     print(f"the answer: {named[0].setting}, predicted {predicted:,.1f} ± "
           f"{named[0].predicted_error or 0:,.1f} images/s ({named[0].basis}); measured "
-          f"{got:,.1f}: {got / predicted - 1:+.1%} against the prediction")  # fmt: skip
+          f"{got:,.1f} ± {error:,.1f}: {got / predicted - 1:+.1%} against the prediction, "
+          f"which lies {within} the measured interval")  # fmt: skip
 
 
 if __name__ == "__main__":
