@@ -142,11 +142,11 @@ def like_offer(doc: RunDocument) -> None:
 
 
 def migrate_lines(doc: RunDocument, recommendations: Sequence[Recommendation]) -> None:
-    """Where DALI is the answer for a watched DataLoader: the command that writes its DALI
-    loader, and the line of the script to change."""
+    """Where DALI or feedscope's DataLoader recipe is the answer for a watched DataLoader: the
+    command that writes its loader, and the line of the script to change."""
     offer = migrate_offer(doc, recommendations)
     if offer is not None:
-        st.markdown("**Move this loader to DALI**")
+        st.markdown(f"**Write this loader as {offer.what}**")
         st.code(offer.command, language="bash")
         st.caption(offer.change)
 
