@@ -243,3 +243,24 @@ class ImageFolder(torch.utils.data.Dataset[tuple[Any, int]]):
         if self.transform is not None:
             image = self.transform(image)
         return image, label
+
+
+# ImageNet's mean and std, and the chains pytorch/examples' ImageNet script builds of them
+MEAN = [0.485, 0.456, 0.406]
+STD = [0.229, 0.224, 0.225]
+
+
+def validation(size: int = 256, crop: int = 224) -> Compose:
+    return Compose([Resize(size), CenterCrop(crop), ToTensor(), Normalize(MEAN, STD)])
+
+
+def training(size: int = 224, scale: tuple[float, float] = (0.08, 1.0)) -> Compose:
+    return Compose(
+        [RandomResizedCrop(size, scale=scale), RandomHorizontalFlip(), ToTensor(),
+         Normalize(MEAN, STD)]
+    )  # fmt: skip
+
+
+def to_unit(images: torch.Tensor) -> torch.Tensor:
+    """Images normalized with MEAN and STD (NCHW) back in 0..1 units."""
+    return images * torch.tensor(STD).view(1, 3, 1, 1) + torch.tensor(MEAN).view(1, 3, 1, 1)

@@ -207,3 +207,10 @@ def natural_image(width: int, height: int, seed: int) -> Image.Image:
         color = tuple(int(c) for c in rng.integers(0, 256, 3))
         (draw.ellipse if rng.random() < 0.5 else draw.rectangle)(box, fill=color)
     return image.filter(ImageFilter.GaussianBlur(1.5))
+
+
+def data_loader(dataset: Any, batch_size: int, shuffle: bool, **options: Any) -> Any:
+    """A DataLoader of no workers over `dataset`."""
+    return torch.utils.data.DataLoader(
+        dataset, batch_size=batch_size, shuffle=shuffle, num_workers=0, **options
+    )

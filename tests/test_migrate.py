@@ -18,16 +18,15 @@ import fake_torchvision as tv
 import numpy as np
 import pytest
 import torch
+from fake_torchvision import MEAN, STD, to_unit, training, validation
 from PIL import Image
 
-from helpers import natural_image
+from helpers import data_loader, natural_image
 from probe.measure.recipe import recipe_of
 from probe.present.migrate import DaliSetting, Unmovable, dali_module, files_name
 
 pytest.importorskip("nvidia.dali")
 
-MEAN = [0.485, 0.456, 0.406]
-STD = [0.229, 0.224, 0.225]
 SETTING = DaliSetting(
     num_threads=2,
     hw_decoder_load=0.65,
@@ -85,31 +84,6 @@ def coordinates(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def validation(size: int = 256, crop: int = 224) -> tv.Compose:
-    return tv.Compose(
-        [tv.Resize(size), tv.CenterCrop(crop), tv.ToTensor(), tv.Normalize(MEAN, STD)]
-    )
-
-
-def training(size: int = 224, scale: tuple[float, float] = (0.08, 1.0)) -> tv.Compose:
-    return tv.Compose(
-        [
-            tv.RandomResizedCrop(size, scale=scale),
-            tv.RandomHorizontalFlip(),
-            tv.ToTensor(),
-            tv.Normalize(MEAN, STD),
-        ]
-    )
-
-
-def data_loader(
-    dataset: Any, batch_size: int, shuffle: bool, drop_last: bool = False
-) -> torch.utils.data.DataLoader[Any]:
-    return torch.utils.data.DataLoader(
-        dataset, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last, num_workers=0
-    )
-
-
 def written(loader: Any, folder: Path, name: str = "dali_loader") -> ModuleType:
     """The module written for a DataLoader, imported from `folder`."""
     path = folder / f"{name}.py"
@@ -122,13 +96,6 @@ def written(loader: Any, folder: Path, name: str = "dali_loader") -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def to_unit(images: torch.Tensor) -> torch.Tensor:
-    """Normalized NCHW images back in 0..1 units."""
-    mean = torch.tensor(MEAN).view(1, 3, 1, 1)
-    std = torch.tensor(STD).view(1, 3, 1, 1)
-    return images * std + mean
 
 
 def coded_indices(batches: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> list[int]:

@@ -16,15 +16,14 @@ import fake_torchvision as tv
 import numpy as np
 import pytest
 import torch
+from fake_torchvision import MEAN, STD, to_unit, training, validation
 from PIL import Image
 
-from helpers import natural_image
+from helpers import data_loader, natural_image
 from probe.measure.recipe import recipe_of
 from probe.present.migrate import Unmovable, files_name
 from probe.present.migrate_torch import TorchSetting, torch_module
 
-MEAN = [0.485, 0.456, 0.406]
-STD = [0.229, 0.224, 0.225]
 SETTING = TorchSetting(num_workers=0, source="the job's own (2 workers)")
 ORIGIN = "run 20261128-080000-0000 of main.py (training loader)"
 # Per pixel, in 0..1 units, between the written loader's validation images and torchvision's on
@@ -61,29 +60,6 @@ def coordinates(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def validation(size: int = 256, crop: int = 224) -> tv.Compose:
-    return tv.Compose(
-        [tv.Resize(size), tv.CenterCrop(crop), tv.ToTensor(), tv.Normalize(MEAN, STD)]
-    )
-
-
-def training(size: int = 224, scale: tuple[float, float] = (0.08, 1.0)) -> tv.Compose:
-    return tv.Compose(
-        [
-            tv.RandomResizedCrop(size, scale=scale),
-            tv.RandomHorizontalFlip(),
-            tv.ToTensor(),
-            tv.Normalize(MEAN, STD),
-        ]
-    )
-
-
-def data_loader(dataset: Any, batch_size: int, shuffle: bool, **options: Any) -> Any:
-    return torch.utils.data.DataLoader(
-        dataset, batch_size=batch_size, shuffle=shuffle, num_workers=0, **options
-    )
-
-
 def written(loader: Any, folder: Path, name: str = "torch_loader") -> ModuleType:
     """The module written for a DataLoader, imported from `folder`."""
     path = folder / f"{name}.py"
@@ -96,11 +72,6 @@ def written(loader: Any, folder: Path, name: str = "torch_loader") -> ModuleType
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def to_unit(images: torch.Tensor) -> torch.Tensor:
-    """Normalized NCHW images back in 0..1 units."""
-    return images * torch.tensor(STD).view(1, 3, 1, 1) + torch.tensor(MEAN).view(1, 3, 1, 1)
 
 
 def test_validation_images_match_torchvision_on_the_same_files(

@@ -19,8 +19,6 @@ import time
 import fake_torchvision as tv
 import torch
 
-MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -37,7 +35,7 @@ def main() -> None:
                 tv.RandomResizedCrop(224),
                 tv.RandomHorizontalFlip(),
                 tv.ToTensor(),
-                tv.Normalize(MEAN, STD),
+                tv.Normalize(tv.MEAN, tv.STD),
             ]
         ),
     )
