@@ -252,3 +252,22 @@ def test_the_module_imports_torch_numpy_and_pillow_only(photos: Path) -> None:
     assert imported - set(sys.stdlib_module_names) == {"torch", "numpy", "PIL"}
     docstring = ast.get_docstring(tree) or ""
     assert "feedscope" in docstring and ORIGIN in text and SETTING.source in text
+
+
+def test_a_distributed_samplers_shards_cover_the_files_and_move_on_each_epoch(
+    photos: Path, tmp_path: Path
+) -> None:
+    """A script calls set_epoch on its own DistributedSampler, which the written loader does not
+    read: the loader's moves to the next epoch's order by itself."""
+    dataset = tv.ImageFolder(str(photos), transform=validation(32, 32))
+    sampler: Any = torch.utils.data.DistributedSampler(dataset, num_replicas=2, rank=0, seed=4)
+    job = torch.utils.data.DataLoader(dataset, batch_size=2, sampler=sampler)
+    module = written(job, tmp_path)
+    shards = [module.loader(device="cpu", rank=rank, world=2).sampler for rank in (0, 1)]
+
+    first = [list(shard) for shard in shards]
+    assert sorted(first[0] + first[1]) == list(range(6))
+    orders = [first[0]] + [list(shards[0]) for _ in range(3)]
+    assert len({tuple(order) for order in orders}) > 1  # 4 epochs of 3 of 6: not one order
+    sampler.set_epoch(0)
+    assert first[0] == list(sampler)  # the job's order in its first epoch

@@ -406,20 +406,16 @@ class Dataset(torch.utils.data.Dataset):
 
     def __getitem__(self, index):
         path, label = self.pairs[index]
-        image = Image.open(path)
-        pixels = None
-        for position, (name, arguments) in enumerate(STEPS):
-            if position == 0 and REDUCED:
-                image = _first(image, name, arguments, self.rng)
-                continue
-            if position == 0:
-                image = image.convert("RGB")
-            pixels = self._step(name, arguments, image if pixels is None else pixels)
-            if isinstance(pixels, Image.Image):
-                image, pixels = pixels, None
-        if not STEPS or pixels is None:
+        with Image.open(path) as opened:  # decoded here, and closed
+            if REDUCED:  # the first step drawn on the full size, decoded at a reduced scale
+                value = _first(opened, STEPS[0][0], STEPS[0][1], self.rng)
+            else:
+                value = opened.convert("RGB")  # as ImageFolder's loader
+        for name, arguments in STEPS[1 if REDUCED else 0 :]:
+            value = self._step(name, arguments, value)
+        if isinstance(value, Image.Image):
             raise ValueError("the transform ended on a PIL image")
-        return pixels, label
+        return value, label
 
     def _step(self, name, arguments, value):
         rng = self.rng
@@ -482,6 +478,16 @@ def _after_copy(images):
     return images
 
 
+class _Shard(DistributedSampler):
+    """The job's DistributedSampler, moving to the next epoch's order after each pass by itself:
+    a script calls set_epoch on its own sampler, which this loader does not read."""
+
+    def __iter__(self):
+        order = super().__iter__()
+        self.epoch += 1
+        return order
+
+
 class _WorkerSeed:
     """Each worker's random draws, from the seed torch gives it."""
 
@@ -511,7 +517,8 @@ class Loader:
             yield (_after_copy(images) if self.uint8 else images), labels
 
     def set_epoch(self, epoch):
-        """A DistributedSampler's new order for the epoch, as the job's set_epoch gave it."""
+        """A DistributedSampler's order for the epoch, as the job's set_epoch gave it (each pass
+        moves to the next one by itself)."""
         if hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(epoch)
 
@@ -537,7 +544,7 @@ def loader(device=None, seed=None, rank=None, world=None, original=None):
             distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
             rank = torch.distributed.get_rank() if distributed else 0
             world = torch.distributed.get_world_size() if distributed else 1
-        sampler = DistributedSampler(
+        sampler = _Shard(
             dataset, num_replicas=world, rank=rank, shuffle=SHUFFLE,
             seed=SAMPLER_SEED if seed is None else seed, drop_last=SAMPLER_DROP_LAST,
         )
