@@ -191,6 +191,11 @@ class ToTensor:
         return torch.from_numpy(array.transpose(2, 0, 1).copy())
 
 
+class PILToTensor:
+    def __call__(self, image: Image.Image) -> torch.Tensor:
+        return torch.from_numpy(np.array(image, np.uint8).transpose(2, 0, 1).copy())
+
+
 class Normalize(torch.nn.Module):
     def __init__(self, mean: Sequence[float], std: Sequence[float], inplace: bool = False) -> None:
         super().__init__()

@@ -7,9 +7,12 @@ wrote (164.0 ± 5.7 images/s, 6.3% below the 175.0 predicted)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -33,6 +36,19 @@ RECIPE = "20261128-073830-42b9"  # the script with the written recipe
 def recorded(tmp_path: Path) -> Path:
     """A copy of the recorded store (commands may write to the store they open)."""
     return Path(shutil.copy(RESULTS / "feedscope.db", tmp_path / "feedscope.db"))
+
+
+def with_recipe_changed(db: Path, change: Callable[[dict[str, Any]], None]) -> None:
+    """The watched run's recorded recipe, changed by `change`."""
+    with sqlite3.connect(db) as connection:
+        (text,) = connection.execute(
+            "SELECT config FROM runs WHERE run_id = ?", (ORIGINAL,)
+        ).fetchone()
+        config = json.loads(text)
+        change(config["spec"]["recipe"])
+        connection.execute(
+            "UPDATE runs SET config = ? WHERE run_id = ?", (json.dumps(config), ORIGINAL)
+        )
 
 
 def without_sessions(db: Path) -> Path:
@@ -127,3 +143,23 @@ def test_migrate_to_dataloader_writes_the_recipe_with_the_measured_workers(
                       str(tmp_path / "three.py"), "--db", str(recorded))  # fmt: skip
     assert given.returncode == 0 and "given on the command line" in given.stderr
     assert "\nNUM_WORKERS = 3\n" in (tmp_path / "three.py").read_text()
+
+
+def test_a_recipe_it_cannot_write_is_no_answer(recorded: Path) -> None:
+    with_recipe_changed(recorded, lambda recipe: recipe.update(collate_fn="my_collate"))
+    with Store(recorded) as store:
+        answer = diagnose_run(store, ORIGINAL).recommendations
+    assert Knob.RECIPE not in [r.change.knob for r in answer]
+
+
+def test_a_step_kept_as_the_jobs_own_leaves_the_recipe_not_predicted(recorded: Path) -> None:
+    def blurred(recipe: dict[str, Any]) -> None:
+        recipe["transform"].insert(2, {"name": "GaussianBlur", "fields": {"sigma": [0.1, 2.0]}})
+
+    with_recipe_changed(recorded, blurred)
+    with Store(recorded) as store:
+        (recipe,) = [
+            r for r in diagnose_run(store, ORIGINAL).recommendations if r.change.knob is Knob.RECIPE
+        ]
+    assert recipe.predicted_images_per_s is None
+    assert "not predicted: the written loader keeps GaussianBlur as the job's own" in recipe.basis

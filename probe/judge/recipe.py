@@ -21,7 +21,7 @@ from probe.judge.like import LikeSession, like_session
 from probe.judge.results import Session
 from probe.judge.thresholds import RECIPE_WORTH_IT
 from probe.judge.verdicts import FED_KINDS, Verdict, VerdictKind
-from probe.measure.recipe import RECIPE_STEPS
+from probe.measure.recipe import RECIPE_STEPS, refusals
 from probe.metrics import CPU_PER_IMAGE, IMAGES_PER_S
 from probe.records import RunRecord
 from probe.store.db import Store
@@ -132,6 +132,9 @@ def recipe_change(
         return None
     if verdict.kind in FED_KINDS or verdict.kind is VerdictKind.IO_BOUND:
         return None
+    recorded = run.config.get("spec", {}).get("recipe")
+    if not recorded or refusals(recorded, "the written DataLoader"):
+        return None  # `probe migrate --to dataloader` could not write it
     found = like_session(
         store, run, lambda session: session.best is not None and session.like == run.run_id
     )
@@ -172,23 +175,27 @@ def _measured(
         f"it cost {CPU_PER_IMAGE.text(recipe_cpu)} of CPU an image on the job's files, where "
         f"this loader costs {CPU_PER_IMAGE.text(own_cpu)}"
     )
-    first = _first_step(run)
+    first, kept = _first_step(run), _kept(run)
     change = Change(Knob.RECIPE, figure.num_workers)
+    why_not = None
     if first != STANDS_FOR:
-        return Recommendation(
-            _action(run),
-            change,
-            None,
-            f"not predicted: the doctor's DataLoader crops as {STANDS_FOR} does, and this "
-            f"loader's transform starts with {first}; {costs_text}",
+        why_not = (
+            f"the doctor's DataLoader crops as {STANDS_FOR} does, and this loader's transform "
+            f"starts with {first}"
         )
+    elif kept:
+        why_not = (
+            f"the written loader keeps {', '.join(kept)} as the job's own, a cost the doctor's "
+            "DataLoader has not"
+        )
+    if why_not is not None:
+        return Recommendation(_action(run), change, None, f"not predicted: {why_not}; {costs_text}")
     return Recommendation(
         _action(run),
         change,
         figure.images_per_s,
         f"measured by doctor session {found.session.session_id} ({found.how}), read "
         f"{figure.read}, run {figure.run_id}: {costs_text}",
-        notes=_kept_note(run),
         predicted_error=figure.error,
     )
 
@@ -199,17 +206,15 @@ def _first_step(run: RunRecord) -> str | None:
     return str(steps[0].get("name")) if steps else None
 
 
-def _kept_note(run: RunRecord) -> tuple[str, ...]:
-    """What the prediction leaves out: steps of the job's own that the recipe keeps as they are
-    (functions; transforms other than torchvision's crops, resizes, flips and conversions)."""
+def _kept(run: RunRecord) -> list[str]:
+    """The steps of a watched loader's transform that the written loader keeps as the job's own
+    (functions; transforms other than those it writes: `RECIPE_STEPS`)."""
     steps = run.config.get("spec", {}).get("recipe", {}).get("transform") or []
-    kept = [str(step.get("name")) for step in steps if step.get("name") not in RECIPE_STEPS]
-    if not kept:
-        return ()
-    return (
-        f"predicted without {', '.join(kept)}: the written loader keeps them as the job's own, "
-        "and their cost stays",
-    )
+    return [
+        str(step.get("name"))
+        for step in steps
+        if step.get("callable") or step.get("name") not in RECIPE_STEPS
+    ]
 
 
 def _cpu_per_image(store: Store, run_id: str | None) -> float | None:

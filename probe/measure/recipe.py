@@ -228,3 +228,52 @@ def _safe(read: Any, default: Any = None) -> Any:
         return read()
     except Exception:
         return default
+
+
+# Samplers a written loader reads as (DALI's reader, or the written DataLoader)
+WRITTEN_SAMPLERS = ("RandomSampler", "SequentialSampler", "DistributedSampler")
+# torchvision's loaders of a DatasetFolder that give RGB images (None: not recorded)
+PIL_LOADERS = (None, "default_loader", "pil_loader", "accimage_loader")
+
+
+def refusals(recipe: Mapping[str, Any], writer: str) -> list[str]:
+    """What of a DataLoader's recipe `writer` (a written loader) cannot give as the DataLoader
+    did, one line each: a dataset naming no files, or read by another loader than PIL's; no
+    transform; batches of a batch sampler, another sampler, a collate_fn, a target_transform."""
+    refused = []
+    dataset = recipe.get("dataset") or {}
+    kind = dataset.get("kind")
+    if kind == "folder" and dataset.get("loader") not in PIL_LOADERS:
+        refused.append(
+            f"the dataset {dataset.get('type')} reads its files with {dataset.get('loader')}, "
+            "not torchvision's default (PIL, RGB)"
+        )
+    elif kind not in ("folder", "list"):
+        name = dataset.get("type", "unknown")
+        note = f" ({dataset['note']})" if dataset.get("note") else ""
+        refused.append(
+            f"the dataset {name}{note} names no files: only torchvision's ImageFolder/"
+            "DatasetFolder or a list of (path, label) can be written"
+        )
+    if recipe.get("transform") is None:
+        refused.append(
+            "the dataset has no transform: its samples are PIL images, which a DataLoader with"
+            " the default collate_fn cannot batch"
+        )
+    if not isinstance(recipe.get("batch_size"), int):
+        refused.append("batch_size None: the DataLoader's batches are made by its batch sampler")
+    sampler = recipe.get("sampler") or {}
+    name = sampler.get("name") if isinstance(sampler, Mapping) else None
+    if name not in WRITTEN_SAMPLERS:
+        refused.append(
+            f"sampler {name}: {writer} reads as RandomSampler, SequentialSampler and "
+            "DistributedSampler only"
+        )
+    no_counterpart = f"{writer} has no exact counterpart"
+    collate = recipe.get("collate_fn")
+    if collate != "default":
+        refused.append(f"collate_fn {collate}: {no_counterpart}")
+    target = recipe.get("target_transform")
+    if isinstance(target, Mapping):
+        refused.append(f"target_transform {target.get('name')}: {no_counterpart}")
+    return refused

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipelines.errors import InputError
+from probe.measure.recipe import refusals
 
 # A list dataset's samples beyond this many go to a sibling file, not into the module.
 MAX_WRITTEN_SAMPLES = 20_000
@@ -28,9 +29,6 @@ _INTERPOLATIONS = {
     3: "types.INTERP_CUBIC",
     0: "types.INTERP_NN",
 }
-_SAMPLERS = ("RandomSampler", "SequentialSampler", "DistributedSampler")
-# torchvision's loaders of a DatasetFolder that give RGB images (None: not recorded)
-_PIL_LOADERS = (None, "default_loader", "pil_loader", "accimage_loader")
 _NO_COUNTERPART = "DALI's written loader has no exact counterpart"
 
 
@@ -105,10 +103,10 @@ def dali_module(recipe: Mapping[str, Any], setting: DaliSetting, origin: str) ->
         Unmovable: with one line per thing that DALI cannot do as the DataLoader did.
     """
     refused: list[str] = []
-    dataset = dataset_lines(recipe, refused)
+    dataset = dataset_lines(recipe)
     graph = _Graph()
     _map_transforms(recipe, graph, refused)
-    check_loader(recipe, refused)
+    refused += refusals(recipe, "DALI's written loader")
     if setting.decoder not in ("mixed", "cpu"):
         refused.append(f"decoder {setting.decoder!r}: DALI's image decoder is mixed or cpu")
     if refused:
@@ -148,8 +146,9 @@ class _Dataset:
     files: list[tuple[str, int]] | None = None  # written to the sibling file
 
 
-def dataset_lines(recipe: Mapping[str, Any], refused: list[str]) -> _Dataset:
-    """The module's dataset constants and its `samples()` function."""
+def dataset_lines(recipe: Mapping[str, Any]) -> _Dataset:
+    """The module's dataset constants and its `samples()` function (none where its dataset
+    names no files: `probe.measure.recipe.refusals` says so)."""
     dataset = recipe.get("dataset") or {}
     subset = recipe.get("subset")
     subset_text = (
@@ -158,12 +157,6 @@ def dataset_lines(recipe: Mapping[str, Any], refused: list[str]) -> _Dataset:
         else f"SUBSET = {[int(i) for i in subset]!r}  # the torch Subset's indices\n"
     )
     kind = dataset.get("kind")
-    if kind == "folder" and dataset.get("loader") not in _PIL_LOADERS:
-        refused.append(
-            f"the dataset {dataset.get('type')} reads its files with {dataset.get('loader')}, "
-            "not torchvision's default (PIL, RGB): DALI decodes JPEG, PNG and the like as RGB"
-        )
-        return _Dataset("")
     if kind == "folder":
         extensions = dataset.get("extensions")
         extensions_comment = "" if extensions else "  # torchvision's IMG_EXTENSIONS"
@@ -192,12 +185,6 @@ def dataset_lines(recipe: Mapping[str, Any], refused: list[str]) -> _Dataset:
             f"# {dataset.get('type')}'s (path, label) samples\n"
             f"SAMPLES: list[tuple[str, int]] = [\n{listed}]\n" + subset_text + _LIST_SAMPLES
         )
-    name = dataset.get("type", "unknown")
-    note = f" ({dataset['note']})" if dataset.get("note") else ""
-    refused.append(
-        f"the dataset {name}{note} names no files: only torchvision's ImageFolder/DatasetFolder"
-        " or a list of (path, label) can be moved"
-    )
     return _Dataset("")
 
 
@@ -207,29 +194,6 @@ def _dict_text(mapping: Mapping[str, Any]) -> str:
     if len(one_line) <= 80:
         return one_line
     return "{\n" + "".join(f"    {item},\n" for item in items) + "}"
-
-
-def check_loader(
-    recipe: Mapping[str, Any], refused: list[str], writer: str = "DALI's written loader"
-) -> None:
-    """Adds a line to `refused` for each part of the DataLoader that `writer` cannot give as it
-    did: batches of a batch sampler, another sampler, a collate_fn, a target_transform."""
-    if not isinstance(recipe.get("batch_size"), int):
-        refused.append("batch_size None: the DataLoader's batches are made by its batch sampler")
-    sampler = recipe.get("sampler") or {}
-    name = sampler.get("name") if isinstance(sampler, Mapping) else None
-    if name not in _SAMPLERS:
-        refused.append(
-            f"sampler {name}: {writer} reads as RandomSampler, SequentialSampler and "
-            "DistributedSampler only"
-        )
-    no_counterpart = f"{writer} has no exact counterpart"
-    collate = recipe.get("collate_fn")
-    if collate != "default":
-        refused.append(f"collate_fn {collate}: {no_counterpart}")
-    target = recipe.get("target_transform")
-    if target is not None:
-        refused.append(f"target_transform {described(target)}: {no_counterpart}")
 
 
 @dataclass
@@ -310,11 +274,7 @@ def _map_transforms(recipe: Mapping[str, Any], graph: _Graph, refused: list[str]
     """Adds the DALI operators for the transforms to `graph`, or a line to `refused` for each
     one that DALI cannot do as torchvision does."""
     transforms = recipe.get("transform")
-    if transforms is None:
-        refused.append(
-            "the dataset has no transform: its samples are PIL images, which a DataLoader with"
-            " the default collate_fn cannot batch"
-        )
+    if transforms is None:  # `refusals` says so
         return
     if recipe.get("loader_text") and not any(step.get("callable") for step in transforms):
         refused.append(str(recipe["loader_text"]))

@@ -24,10 +24,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from probe.measure.recipe import refusals
 from probe.present.migrate import (
     Unmovable,
     Written,
-    check_loader,
     dataset_lines,
     described,
     size_of,
@@ -37,6 +37,17 @@ from probe.present.migrate import (
 _GEOMETRY = ("RandomResizedCrop", "Resize")
 _INTERPOLATIONS = {"bilinear": "bilinear", "bicubic": "bicubic", "nearest": "nearest",
                    2: "bilinear", 3: "bicubic", 0: "nearest"}  # fmt: skip
+# torchvision's transforms that take a PIL image and give one: a step of the job's own among
+# them leaves the steps after it to the module
+IMAGE_TO_IMAGE = frozenset(
+    {
+        "ColorJitter", "GaussianBlur", "RandomGrayscale", "Grayscale", "RandomRotation",
+        "RandomAffine", "RandomPerspective", "RandomAutocontrast", "RandomEqualize",
+        "RandomPosterize", "RandomSolarize", "RandomAdjustSharpness", "RandomInvert",
+        "AutoAugment", "RandAugment", "TrivialAugmentWide", "AugMix", "RandomVerticalFlip",
+        "Pad", "RandomCrop", "CenterCrop", "Resize", "RandomResizedCrop",
+    }
+)  # fmt: skip
 # torchvision's float dtypes, as ConvertImageDtype's field reads
 _FLOATS = ("torch.float32", "torch.float")
 
@@ -91,9 +102,9 @@ def torch_module(recipe: Mapping[str, Any], setting: TorchSetting, origin: str) 
         Unmovable: with one line per thing the written loader cannot give as the job's did.
     """
     refused: list[str] = []
-    dataset = dataset_lines(recipe, refused)
+    dataset = dataset_lines(recipe)
     steps = _steps(recipe, refused)
-    check_loader(recipe, refused, "the written DataLoader")
+    refused += refusals(recipe, "the written DataLoader")
     if refused or steps is None:
         raise Unmovable(refused, "this loader cannot be written as a DataLoader")
     files = None
@@ -128,41 +139,44 @@ def torch_module(recipe: Mapping[str, Any], setting: TorchSetting, origin: str) 
 
 
 def _steps(recipe: Mapping[str, Any], refused: list[str]) -> _Steps | None:
-    """The module's steps for the recipe's transform (None where it has none to batch)."""
+    """The module's steps for the recipe's transform (None where it has none to batch). A step
+    of the job's own keeps a PIL image a PIL image where torchvision's names it so
+    (`IMAGE_TO_IMAGE`); after any other, what it gives is not known, and every later step is
+    the job's own too, finished in the workers."""
     transforms = recipe.get("transform")
-    if transforms is None:
-        refused.append(
-            "the dataset has no transform: its samples are PIL images, which a DataLoader with"
-            " the default collate_fn cannot batch"
-        )
+    if transforms is None:  # `refusals` says so
         return None
     steps: list[tuple[str, dict[str, Any]]] = []
     kept: list[str] = []
     tensor: str | None = None  # None: still a PIL image; "float" or "uint8"
     normalized = False
+    unknown = False  # after a step of the job's own whose output is not known
     after_tensor_kept = False  # a step of the job's own on the tensor: the workers finish it
     for index, step in enumerate(transforms):
         name = str(step.get("name"))
         fields: Mapping[str, Any] = step.get("fields") or {}
-        own = None if step.get("callable") or normalized else _own(name, fields, tensor)
+        own = None
+        if not (step.get("callable") or normalized or unknown):
+            own = _own(name, fields, tensor)
         if own is None:
             kept.append(described(step))
             steps.append(("kept", {"index": index, "name": name}))
             after_tensor_kept = after_tensor_kept or tensor is not None
+            unknown = unknown or (
+                tensor is None and (step.get("callable") or name not in IMAGE_TO_IMAGE)
+            )
             continue
-        if own[0] == "to_tensor":
+        if own[0] in ("to_tensor", "to_float"):
             tensor = "float"
         elif own[0] == "pil_to_tensor":
             tensor = "uint8"
-        elif own[0] == "to_float":
-            tensor = "float"
         elif own[0] == "normalize":
             normalized = True
         steps.append(own)
     reduced = bool(steps) and steps[0][0] in ("random_resized_crop", "resize")
     # uint8 over to the main process where nothing of the job's own follows the tensor
-    handover = "float" if after_tensor_kept or tensor is None else "uint8"
-    if tensor is None:
+    handover = "float" if after_tensor_kept or unknown or tensor is None else "uint8"
+    if tensor is None and not unknown:
         refused.append(
             "the transform ends on a PIL image, not a tensor (no ToTensor or PILToTensor)"
         )
@@ -216,18 +230,20 @@ def _own(  # noqa: PLR0911, PLR0912
     return None
 
 
-_HEADER = '''"""A torch DataLoader in place of another: the same batches, less CPU an image.
+_HEADER = '''"""A torch DataLoader in place of another: its batches, at less CPU an image.
 
 It replaces the DataLoader of {origin}.
 Written by feedscope (`probe migrate --to dataloader`); it needs torch, numpy and Pillow only. It
 gives what the DataLoader gave: (images, labels) batches, one epoch per `for`, of the same files,
-labels, order, batch size and transform ({steps}); images float32 NCHW, labels int64, on the
-device. It changes how, not what:
+labels, order, batch size and transform ({steps}); images NCHW, labels int64, on the device.
+Three things change:
 - JPEGs are decoded at 1/2, 1/4 or 1/8 scale (Pillow's draft mode) where the first crop or
-  resize keeps at least its output's pixels after it;
+  resize keeps at least its output's pixels after it: their pixels differ from a full-size
+  decode's by a fraction of a level on average;
 - the workers hand over uint8 pixels, scaled and normalized on the GPU after the copy (on the
   CPU alone, in the workers);
-- its workers are kept between epochs (persistent_workers).
+- its workers are kept between epochs (persistent_workers); a step of the job's own keeps the
+  state it had when they started.
 Steps kept as the job's own: {kept_text}.
 
     train_loader = loader()  # on torch.cuda.current_device(); the CPU without CUDA
@@ -377,20 +393,43 @@ def _first(image, name, arguments, rng):
         left, top, crop_width, crop_height = 0, 0, width, height
         need = (width, height)
     reduction = _reduction(need[0], need[1], out_width, out_height)
+    scale = 1.0  # of the decoded image against the full size
     if reduction > 1 and image.format == "JPEG":
-        # Pillow picks the largest scale whose image is at least this size
-        image.draft("RGB", (width // reduction, height // reduction))
+        # Pillow picks the largest scale whose image is at least this size, and says it
+        drafted = image.draft("RGB", (width // reduction, height // reduction))
+        if drafted is not None:
+            scale = drafted[1][2] / width
     image = image.convert("RGB")  # decodes (at the draft's scale), as ImageFolder's loader
-    scale_x, scale_y = image.size[0] / width, image.size[1] / height
-    box = (left * scale_x, top * scale_y, (left + crop_width) * scale_x,
-           (top + crop_height) * scale_y)
-    return image.resize((out_width, out_height), _FILTERS[arguments["interpolation"]], box=box)
+    box = (left * scale, top * scale, (left + crop_width) * scale, (top + crop_height) * scale)
+    return _resized(image, box, (out_width, out_height), arguments["interpolation"])
 
 
-def _crop(image, size, top, left):
-    """A crop of the PIL image, zeros where it reaches past the image, as torchvision pads."""
-    height, width = size
-    return image.crop((left, top, left + width, top + height))
+def _resized(image, box, size, interpolation):
+    """The box of the image (fractional where it was decoded at a reduced scale) cropped, then
+    resized to size (width, height), as torchvision crops and then resizes."""
+    outer = (
+        math.floor(box[0]),
+        math.floor(box[1]),
+        min(math.ceil(box[2]), image.size[0]),
+        min(math.ceil(box[3]), image.size[1]),
+    )
+    inner = (box[0] - outer[0], box[1] - outer[1], min(box[2], outer[2]) - outer[0],
+             min(box[3], outer[3]) - outer[1])
+    return image.crop(outer).resize(size, _FILTERS[interpolation], box=inner)
+
+
+def _center_crop(image, size):
+    """torchvision's CenterCrop: padded with zeros where it is larger than the image."""
+    crop_height, crop_width = size
+    width, height = image.size
+    if crop_width > width or crop_height > height:
+        padded = Image.new(image.mode, (max(width, crop_width), max(height, crop_height)))
+        left, top = max(0, (crop_width - width) // 2), max(0, (crop_height - height) // 2)
+        padded.paste(image, (left, top))
+        image, (width, height) = padded, padded.size
+    top = int(round((height - crop_height) / 2.0))
+    left = int(round((width - crop_width) / 2.0))
+    return image.crop((left, top, left + crop_width, top + crop_height))
 
 
 class Dataset(torch.utils.data.Dataset):
@@ -429,20 +468,16 @@ class Dataset(torch.utils.data.Dataset):
             left, top, crop_width, crop_height = _box(width, height, **{
                 k: arguments[k] for k in ("size", "scale", "ratio")}, rng=rng)
             out_height, out_width = arguments["size"]
-            return value.resize((out_width, out_height), _FILTERS[arguments["interpolation"]],
-                                box=(left, top, left + crop_width, top + crop_height))
+            box = (left, top, left + crop_width, top + crop_height)
+            return _resized(value, box, (out_width, out_height), arguments["interpolation"])
         if name == "center_crop":
-            width, height = value.size
-            crop_height, crop_width = arguments["size"]
-            top = int(round((height - crop_height) / 2.0))
-            left = int(round((width - crop_width) / 2.0))
-            return _crop(value, arguments["size"], top, left)
+            return _center_crop(value, arguments["size"])
         if name == "random_crop":
             width, height = value.size
             crop_height, crop_width = arguments["size"]
             top = rng.randint(0, height - crop_height)
             left = rng.randint(0, width - crop_width)
-            return _crop(value, arguments["size"], top, left)
+            return value.crop((left, top, left + crop_width, top + crop_height))
         if name == "flip":
             if rng.random() < arguments["p"]:
                 if isinstance(value, Image.Image):
@@ -450,8 +485,10 @@ class Dataset(torch.utils.data.Dataset):
                 return value.flip(-1)
             return value
         if name in ("to_tensor", "pil_to_tensor"):
-            array = np.asarray(value.convert("RGB") if value.mode != "RGB" else value)
-            pixels = torch.from_numpy(array.copy()).permute(2, 0, 1).contiguous()
+            array = np.array(value, np.uint8)
+            if array.ndim == 2:  # one channel (L), as torchvision gives it
+                array = array[:, :, None]
+            pixels = torch.from_numpy(array).permute(2, 0, 1).contiguous()
             return pixels if self.uint8 or name == "pil_to_tensor" else pixels.float().div_(255)
         if name == "to_float":
             return value if self.uint8 else value.float().div_(255)
@@ -480,7 +517,9 @@ def _after_copy(images):
 
 class _Shard(DistributedSampler):
     """The job's DistributedSampler, moving to the next epoch's order after each pass by itself:
-    a script calls set_epoch on its own sampler, which this loader does not read."""
+    a script calls set_epoch on its own sampler, which this loader does not read. A job resumed
+    at a later epoch starts again from epoch 0's order unless it calls set_epoch on this
+    loader."""
 
     def __iter__(self):
         order = super().__iter__()
