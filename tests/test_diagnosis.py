@@ -583,8 +583,8 @@ def test_an_interrupted_run_is_diagnosed_partial(tmp_path: Path, photos: Path) -
     )
     config = ProbeConfig(
         backend=Backend.TORCH, spec=spec, lanes=plan_lanes(None, 1),
-        consumer=parse_consumer("sleep:10"), warmup=1, batches=None, duration_s=60.0,
-    )  # fmt: skip
+        consumer=parse_consumer("sleep:1"), warmup=1, batches=None, duration_s=60.0,
+    )  # fmt: skip  # a step far quicker than the loader: starved, well clear of the 20% line
     stop = threading.Event()
     with Store(tmp_path / "s.db") as store:
 
