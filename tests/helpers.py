@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import importlib.util
 import os
 import signal
 import socket
@@ -10,6 +12,7 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -214,3 +217,45 @@ def data_loader(dataset: Any, batch_size: int, shuffle: bool, **options: Any) ->
     return torch.utils.data.DataLoader(
         dataset, batch_size=batch_size, shuffle=shuffle, num_workers=0, **options
     )
+
+
+def written_module(written: Any, path: Path) -> ModuleType:
+    """A module `probe migrate` wrote (`probe.present.migrate.Written`), saved at `path` with
+    its file list beside it where it has one, and imported."""
+    from probe.present.migrate import files_name
+
+    path.write_text(written.module)
+    if written.files is not None:
+        Path(files_name(str(path))).write_text(written.files)
+    return imported(path)
+
+
+def imported(path: Path) -> ModuleType:
+    """The Python file at `path`, imported as a module of its name."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def photo_folder(root: Path, sizes: Sequence[tuple[int, int]], classes: int) -> Path:
+    """JPEGs of `natural_image` in `classes` class folders (class0, ...), one of each size in
+    each; seeds 10 a class apart."""
+    for label in range(classes):
+        (root / f"class{label}").mkdir()
+        for n, (width, height) in enumerate(sizes):
+            image = natural_image(width, height, seed=label * 10 + n)
+            image.save(root / f"class{label}" / f"{n}.jpg", quality=90)
+    return root
+
+
+def outside_imports(text: str) -> set[str]:
+    """The top-level packages a module's text imports, the standard library's left out."""
+    imported = set()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            imported.add(node.module.split(".")[0])
+    return imported - set(sys.stdlib_module_names)

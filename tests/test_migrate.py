@@ -5,10 +5,8 @@ same files."""
 from __future__ import annotations
 
 import ast
-import importlib.util
 import json
 import shutil
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -21,9 +19,9 @@ import torch
 from fake_torchvision import MEAN, STD, to_unit, training, validation
 from PIL import Image
 
-from helpers import data_loader, natural_image
+from helpers import data_loader, outside_imports, photo_folder, written_module
 from probe.measure.recipe import recipe_of
-from probe.present.migrate import DaliSetting, Unmovable, dali_module, files_name
+from probe.present.migrate import DaliSetting, Unmovable, dali_module
 
 pytest.importorskip("nvidia.dali")
 
@@ -43,14 +41,7 @@ VALIDATION_BOUND = 0.015
 @pytest.fixture(scope="module")
 def photos(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Nine JPEGs in three classes, 320x240, 500x375 and 240x320 (a portrait)."""
-    root = tmp_path_factory.mktemp("photos")
-    sizes = [(320, 240), (500, 375), (240, 320)]
-    for label in range(3):
-        (root / f"class{label}").mkdir()
-        for n, (width, height) in enumerate(sizes):
-            image = natural_image(width, height, seed=label * 10 + n)
-            image.save(root / f"class{label}" / f"{n}.jpg", quality=90)
-    return root
+    return photo_folder(tmp_path_factory.mktemp("photos"), [(320, 240), (500, 375), (240, 320)], 3)
 
 
 def coded_gray(index: int) -> int:
@@ -86,16 +77,7 @@ def coordinates(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def written(loader: Any, folder: Path, name: str = "dali_loader") -> ModuleType:
     """The module written for a DataLoader, imported from `folder`."""
-    path = folder / f"{name}.py"
-    result = dali_module(recipe_of(loader), SETTING, ORIGIN)
-    path.write_text(result.module)
-    if result.files is not None:
-        Path(files_name(str(path))).write_text(result.files)
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return written_module(dali_module(recipe_of(loader), SETTING, ORIGIN), folder / f"{name}.py")
 
 
 def coded_indices(batches: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> list[int]:
@@ -310,13 +292,7 @@ def test_a_long_list_of_samples_goes_beside_the_module(tmp_path: Path) -> None:
     }
     result = dali_module(recipe, SETTING, ORIGIN)
     assert result.files is not None and "image 17.jpg" not in result.module
-    path = tmp_path / "listed.py"
-    path.write_text(result.module)
-    Path(files_name(str(path))).write_text(result.files)
-    spec = importlib.util.spec_from_file_location("listed", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = written_module(result, tmp_path / "listed.py")
 
     assert module.samples() == [("/data/image 20000.jpg", 20_000 % 7), ("/data/image 3.jpg", 3)]
 
@@ -329,13 +305,7 @@ def test_the_module_imports_torch_and_dali_only(
     text = dali_module(recipe_of(loader), SETTING, ORIGIN).module
     tree = ast.parse(text)
 
-    imported = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            imported |= {alias.name.split(".")[0] for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            imported.add(node.module.split(".")[0])
-    assert imported - set(sys.stdlib_module_names) == {"torch", "nvidia"}
+    assert outside_imports(text) == {"torch", "nvidia"}
     docstring = ast.get_docstring(tree) or ""
     assert "feedscope" in docstring
     assert text.lower().count("feedscope") == docstring.lower().count("feedscope")

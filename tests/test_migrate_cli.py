@@ -5,7 +5,6 @@ points recorded on one H100 (tests/benchmarks/results/2026-11-27-migrate)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import sys
@@ -20,7 +19,7 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from helpers import probe_cli, run_captured
+from helpers import imported, probe_cli, run_captured, written_module
 from pipelines import InputError
 from probe import watch
 from probe.judge.diagnosis import diagnose_run
@@ -82,10 +81,7 @@ def test_a_watched_loader_is_written_for_dali_and_its_one_line_named(tmp_path: P
     assert again.returncode == 2 and "is there already" in again.stderr
     assert "DALI's defaults, not measured for this job" in done.stderr
 
-    spec = importlib.util.spec_from_file_location("dali_train_loader", out)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = imported(out)
     loader = module.loader(device="cpu")
     labels: Counter[int] = Counter()
     for images, batch_labels in loader:
@@ -255,11 +251,7 @@ def test_what_the_written_module_must_not_take_for_granted(tmp_path: Path) -> No
 
     dataset.loader = tv.default_loader
     written = dali_module(recipe_of(DataLoader(dataset, batch_size=4)), setting, "run")
-    (tmp_path / "dali_whole.py").write_text(written.module)
-    spec = importlib.util.spec_from_file_location("dali_whole", tmp_path / "dali_whole.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = written_module(written, tmp_path / "dali_whole.py")
     assert module.SHARD is False  # every rank read every file: the DataLoader had no sampler
     loader = module.loader(device="cpu")
     assert len(loader.dataset) == 6 and len(loader.sampler) == 6 and len(loader) == 2

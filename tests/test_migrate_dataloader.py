@@ -6,9 +6,7 @@ training chain's crops and flips within what was asked, the same files, labels a
 from __future__ import annotations
 
 import ast
-import importlib.util
 import random
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -20,9 +18,9 @@ import torch
 from fake_torchvision import MEAN, STD, to_unit, training, validation
 from PIL import Image
 
-from helpers import data_loader, natural_image
+from helpers import data_loader, natural_image, outside_imports, photo_folder, written_module
 from probe.measure.recipe import recipe_of
-from probe.present.migrate import Unmovable, files_name
+from probe.present.migrate import Unmovable
 from probe.present.migrate_torch import TorchSetting, torch_module
 
 SETTING = TorchSetting(num_workers=0, source="the job's own (2 workers)")
@@ -37,14 +35,8 @@ VALIDATION_BOUND = 0.005
 @pytest.fixture(scope="module")
 def photos(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Six JPEGs in two classes: 1800x1350, 1200x900 and 900x1200 (a portrait) each."""
-    root = tmp_path_factory.mktemp("photos")
     sizes = [(1800, 1350), (1200, 900), (900, 1200)]
-    for label in range(2):
-        (root / f"class{label}").mkdir()
-        for n, (width, height) in enumerate(sizes):
-            image = natural_image(width, height, seed=label * 10 + n)
-            image.save(root / f"class{label}" / f"{n}.jpg", quality=90)
-    return root
+    return photo_folder(tmp_path_factory.mktemp("photos"), sizes, 2)
 
 
 @pytest.fixture(scope="module")
@@ -63,16 +55,7 @@ def coordinates(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def written(loader: Any, folder: Path, name: str = "torch_loader") -> ModuleType:
     """The module written for a DataLoader, imported from `folder`."""
-    path = folder / f"{name}.py"
-    result = torch_module(recipe_of(loader), SETTING, ORIGIN)
-    path.write_text(result.module)
-    if result.files is not None:
-        Path(files_name(str(path))).write_text(result.files)
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return written_module(torch_module(recipe_of(loader), SETTING, ORIGIN), folder / f"{name}.py")
 
 
 def test_validation_images_match_torchvision_on_the_same_files(
@@ -240,12 +223,7 @@ def test_its_workers_are_kept_between_epochs(photos: Path, tmp_path: Path) -> No
         TorchSetting(num_workers=2, source="measured", prefetch_factor=2),
         ORIGIN,
     )
-    path = tmp_path / "kept_workers.py"
-    path.write_text(result.module)
-    spec = importlib.util.spec_from_file_location("kept_workers", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = written_module(result, tmp_path / "kept_workers.py")
     batches = module.loader(device="cpu", seed=1)
     assert batches.batches.persistent_workers and batches.batches.num_workers == 2
     labels = [[label for _, labels in batches for label in labels.tolist()] for _ in range(2)]
@@ -257,13 +235,7 @@ def test_the_module_imports_torch_numpy_and_pillow_only(photos: Path) -> None:
     text = torch_module(recipe_of(loader), SETTING, ORIGIN).module
     tree = ast.parse(text)
 
-    imported = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            imported |= {alias.name.split(".")[0] for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            imported.add(node.module.split(".")[0])
-    assert imported - set(sys.stdlib_module_names) == {"torch", "numpy", "PIL"}
+    assert outside_imports(text) == {"torch", "numpy", "PIL"}
     docstring = ast.get_docstring(tree) or ""
     assert "feedscope" in docstring and ORIGIN in text and SETTING.source in text
 
