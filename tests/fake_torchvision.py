@@ -269,3 +269,23 @@ def training(size: int = 224, scale: tuple[float, float] = (0.08, 1.0)) -> Compo
 def to_unit(images: torch.Tensor) -> torch.Tensor:
     """Images normalized with MEAN and STD (NCHW) back in 0..1 units."""
     return images * torch.tensor(STD).view(1, 3, 1, 1) + torch.tensor(MEAN).view(1, 3, 1, 1)
+
+
+def crops_seen(
+    batches: Any, size: int, side: int, pixels_a_level: int
+) -> tuple[list[float], list[float], int]:
+    """Each crop's area (a share of the source) and aspect ratio, and how many were mirrored,
+    read off normalized batches of a source `side` pixels square whose red is its x and green
+    its y, `pixels_a_level` pixels a level."""
+    areas, aspects, mirrored = [], [], 0
+    for images, _ in batches:
+        for image in to_unit(images) * 255 * pixels_a_level:
+            first_x, last_x = float(image[0, :, 0].mean()), float(image[0, :, -1].mean())
+            first_y, last_y = float(image[1, 0, :].mean()), float(image[1, -1, :].mean())
+            # edge pixels' centres lie half an output pixel inside the crop window
+            width = abs(last_x - first_x) * size / (size - 1)
+            height = (last_y - first_y) * size / (size - 1)
+            areas.append(width * height / side**2)
+            aspects.append(width / height)
+            mirrored += last_x < first_x
+    return areas, aspects, mirrored

@@ -176,18 +176,9 @@ def test_training_crops_and_flips_are_within_what_was_asked(
     dataset = tv.ImageFolder(str(coordinates), transform=training(size, scale))
     module = written(data_loader(dataset, batch_size=16, shuffle=True), tmp_path)
 
-    areas, aspects, mirrored = [], [], 0
-    for images, _ in module.loader(seed=3):
-        pixels = to_unit(images) * 255  # red: x, green: y of the 256x256 source
-        for image in pixels:
-            first_x, last_x = float(image[0, :, 0].mean()), float(image[0, :, -1].mean())
-            first_y, last_y = float(image[1, 0, :].mean()), float(image[1, -1, :].mean())
-            # edge pixels' centres lie half an output pixel inside the crop window
-            width = abs(last_x - first_x) * size / (size - 1)
-            height = (last_y - first_y) * size / (size - 1)
-            areas.append(width * height / 256**2)
-            aspects.append(width / height)
-            mirrored += last_x < first_x
+    areas, aspects, mirrored = tv.crops_seen(
+        module.loader(seed=3), size, side=256, pixels_a_level=1
+    )
 
     assert len(areas) == 64
     tolerance = 0.05  # relative: resampling moves an edge pixel by a pixel or so of ~150

@@ -104,18 +104,9 @@ def test_training_crops_and_flips_are_within_what_was_asked(
     module = written(data_loader(dataset, batch_size=16, shuffle=True), tmp_path)
     assert module.REDUCED  # 1024-pixel crops of 64: decoded at 1/4 or 1/8 of the size
 
-    areas, aspects, mirrored = [], [], 0
-    for images, _ in module.loader(device="cpu", seed=3):
-        pixels = to_unit(images) * 255 * 4  # red: x, green: y of the 1024x1024 source
-        for image in pixels:
-            first_x, last_x = float(image[0, :, 0].mean()), float(image[0, :, -1].mean())
-            first_y, last_y = float(image[1, 0, :].mean()), float(image[1, -1, :].mean())
-            # edge pixels' centres lie half an output pixel inside the crop window
-            width = abs(last_x - first_x) * size / (size - 1)
-            height = (last_y - first_y) * size / (size - 1)
-            areas.append(width * height / 1024**2)
-            aspects.append(width / height)
-            mirrored += last_x < first_x
+    areas, aspects, mirrored = tv.crops_seen(
+        module.loader(device="cpu", seed=3), size, side=1024, pixels_a_level=4
+    )
 
     assert len(areas) == 48
     tolerance = 0.05  # relative: 4 pixels a level, and JPEG's rounding, on crops of ~600
