@@ -66,7 +66,7 @@ def measuring(db: Path, ranks: int, batches: int, timeout: float = 240) -> list[
         if len(spools) == ranks:
             try:
                 found = [_spool(path) for path in spools]
-            except sqlite3.Error:  # not written yet
+            except (sqlite3.Error, ValueError):  # not written yet: its tables, or its run's row
                 found = []
             if found and all(count >= batches for _, count in found):
                 return [pid for pid, _ in found]
