@@ -5,12 +5,20 @@ CPU figures are differences of cumulative counters between two samples, so every
 the interval since the previous one. A core's busy share leaves out idle, iowait and steal: steal
 is time the hypervisor gave this machine's CPUs to someone else, which a virtual machine shows as
 cores that are there but do less work.
+
+The run's processes are read as a tree from its root, and a process that joins it (a DataLoader
+starts its workers anew each epoch) is counted from the sample it started in: each sample looks
+for new processes where the kernel made any since the last (the last process id
+`/proc/loadavg` gives), through the cheap `/proc/PID/task/TID/children` lists. Found a second
+late instead, a new worker's first second would come in one sample, more than the cores had,
+and on a saturated host never be shown: the busy cores it used would read as other processes'.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterable
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +26,7 @@ from typing import Any
 
 import psutil
 
-from pipelines import cpu_limits
+from pipelines import cpu_limits, own_cores
 from probe.records import HostSample, LaneCpuSample, Unavailable
 
 SLOW_REFRESH_NS = 1_000_000_000  # process trees, thread counts, disk and memory: once a second
@@ -46,6 +54,9 @@ class HostSampler:
         self._unavailable: list[Unavailable] = []
         self._last_ns = time.monotonic_ns()
         self.allowed_cores = cpu_limits().cores  # the cores the run may use: affinity, quota
+        # which cores: the run's processes run on those their affinity names (a scheduler's
+        # cpuset narrows it too); another process's CPU there is CPU the run could have had
+        self.job_cores = _job_cores(self.root_pid)
         self._cpu = psutil.cpu_times(percpu=True)
         self._disk = _disk_counters()
         if self._disk is None:
@@ -63,6 +74,9 @@ class HostSampler:
         self._carry: dict[Any, float] = {}
         self._trees: dict[int, _Tree] = {}  # -1: the whole run
         self._slow_ns = 0
+        self._trees_ns = 0  # when the process trees were last read
+        self._children_files = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
+        self._last_pid = _last_pid()
         self._disk_read_mib_s: float | None = None
         self._memory_used_mib = psutil.virtual_memory().used / 2**20
         self._processes: dict[int, psutil.Process] = {}
@@ -85,6 +99,8 @@ class HostSampler:
         now_ns = time.monotonic_ns()
         if now_ns - self._slow_ns >= SLOW_REFRESH_NS or set(self.lane_pids) - set(self._trees):
             self._refresh_slow(now_ns)
+        elif self._trees_changed():
+            self._refresh_trees(now_ns)
         lanes_now = sorted((lane, tree) for lane, tree in self._trees.items() if lane >= 0)
         # One CPU reading per process, shared by the run's tree and the lane trees within it,
         # and the clock read around them.
@@ -130,11 +146,12 @@ class HostSampler:
             memory_used_mib=self._memory_used_mib,
             tree_cpu_pct=100 * run_spent / seconds,
             tree_processes=len(run_members),
+            job_cpu_pct=_mean_of(per_core, self.job_cores),
         )
         return host, lanes
 
     def _refresh_slow(self, t_ns: int) -> None:
-        self._refresh_trees((t_ns - self._slow_ns) / 1e9 if self._slow_ns else 0.0)
+        self._refresh_trees(t_ns)
         disk = _disk_counters()
         if disk is not None and self._disk is not None and self._slow_ns:
             seconds = max((t_ns - self._slow_ns) / 1e9, 1e-6)
@@ -143,8 +160,24 @@ class HostSampler:
         self._memory_used_mib = psutil.virtual_memory().used / 2**20
         self._slow_ns = t_ns
 
-    def _refresh_trees(self, seconds: float) -> None:
-        """Reads the process trees again; `seconds` since the last reading (0 at the first)."""
+    def _trees_changed(self) -> bool:
+        """Whether a tree gained or lost a process since it was read: looked for only where the
+        kernel made a process (or thread) since the last look, and only where the children
+        lists can be read (else the trees are read once a second)."""
+        last = _last_pid()
+        if not self._children_files or last is None or last == self._last_pid:
+            return False
+        self._last_pid = last
+        roots = {-1: self.root_pid, **self.lane_pids}
+        return any(
+            key in self._trees and _descendants(pid) != {p.pid for p in self._trees[key].members}
+            for key, pid in roots.items()
+        )
+
+    def _refresh_trees(self, t_ns: int) -> None:
+        """Reads the process trees again, at `t_ns`."""
+        seconds = (t_ns - self._trees_ns) / 1e9 if self._trees_ns else 0.0
+        self._trees_ns = t_ns
         trees = {-1: self.root_pid, **self.lane_pids}
         before = {key: {p.pid: p for p in tree.members} for key, tree in self._trees.items()}
         self._trees = {}
@@ -326,6 +359,55 @@ def _core_shares(
     iowait = 100 * iowait_total / all_total if all_total > 0 and "iowait" in has else None
     steal = 100 * steal_total / all_total if all_total > 0 and "steal" in has else None
     return per_core, iowait, steal
+
+
+def _job_cores(root_pid: int) -> frozenset[int] | None:
+    """The cores the run's processes may run on: this process's affinity and its root's (under
+    torchrun the launcher's, which a rank that pins itself narrows only for itself); None
+    where the platform has no affinity."""
+    cores = own_cores()
+    if cores is None:
+        return None
+    with suppress(psutil.Error, AttributeError):
+        cores |= frozenset(psutil.Process(root_pid).cpu_affinity())
+    return cores
+
+
+def _mean_of(per_core: list[float], cores: Iterable[int] | None) -> float | None:
+    """The mean busy share of `cores` (None: not known, or cores the reading does not list,
+    where some are offline and psutil's list no longer runs by their numbers)."""
+    chosen = sorted(cores) if cores is not None else []
+    if not chosen or chosen[-1] >= len(per_core):
+        return None
+    return sum(per_core[core] for core in chosen) / len(chosen)
+
+
+def _last_pid() -> int | None:
+    """The process id the kernel gave last (a thread's too), from /proc/loadavg."""
+    try:
+        with open("/proc/loadavg", "rb") as loadavg:
+            return int(loadavg.read().split()[-1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _descendants(pid: int) -> set[int]:
+    """The process and its descendants, from each task's children list."""
+    found, todo = set(), [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:  # gone meanwhile
+            continue
+        found.add(parent)
+        for task in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{task}/children", "rb") as children:
+                    todo += [int(child) for child in children.read().split()]
+            except (OSError, ValueError):
+                continue
+    return found
 
 
 def _threads(process: psutil.Process) -> int:
