@@ -44,6 +44,8 @@ class HostSample:
     memory_used_mib: float | None
     tree_cpu_pct: float | None  # the run's processes together, in % of one core
     tree_processes: int | None
+    # busy share of the cores the run's processes may run on (their affinity; None: not known)
+    job_cpu_pct: float | None = None
 
 
 @dataclass(frozen=True)

@@ -85,7 +85,7 @@ def record(store: Store, run_id: str, first_s: float, last_s: float, chunk_s: fl
             cores = tuple(rng.random() * 100 for _ in range(4))
             host.append(HostSample(
                 t_ns + 3, sum(cores) / 4, cores, rng.random(), 0.0, rng.random() * 9, 9000.0,
-                150 + rng.random() * 10, 3,
+                150 + rng.random() * 10, 3, sum(cores[:2]) / 2,
             ))  # fmt: skip
         store.add_gpu_samples(run_id, gpu)
         store.add_lane_cpu(run_id, cpu)
@@ -242,10 +242,13 @@ def raw_aggregates(path: Path, run_id: str, hostname: str = "h") -> dict[str, An
         if n:
             row = db.execute(
                 "SELECT AVG(cpu_pct), AVG(iowait_pct), AVG(steal_pct), AVG(disk_read_mib_s), "
-                "AVG(tree_cpu_pct) FROM host_samples WHERE run_id = ? AND hostname = ? "
-                "AND t_ns BETWEEN ? AND ?", (run_id, hostname, start, end)
+                "AVG(tree_cpu_pct), AVG(job_cpu_pct) FROM host_samples WHERE run_id = ? "
+                "AND hostname = ? AND t_ns BETWEEN ? AND ?", (run_id, hostname, start, end)
             ).fetchone()  # fmt: skip
-            names = ("cpu_pct", "iowait_pct", "steal_pct", "disk_read_mib_s", "tree_cpu_pct")
+            names = (
+                "cpu_pct", "iowait_pct", "steal_pct", "disk_read_mib_s", "tree_cpu_pct",
+                "job_cpu_pct",
+            )  # fmt: skip
             out[f"host{lane}"] = dict(zip(names, row, strict=True))
     db.close()
     return out

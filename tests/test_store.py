@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pipelines import InputError
-from probe.records import BatchEvent, LaneRecord, RunRecord, RunStatus
+from probe.records import BatchEvent, HostSample, LaneRecord, RunRecord, RunStatus
 from probe.store.db import Store
 from probe.store.schema import SCHEMA_VERSION
 
@@ -152,4 +152,36 @@ def test_a_schema_4_store_gains_the_synced_column_and_its_batches_read_as_synced
         store.add_batches("old-run", [BatchEvent(0, 1, 9, 0.1, 0.2, 8, False, 3, synced=False)])
         assert [e.synced for e in store.batches("old-run")] == [True, False]
     version = sqlite3.connect(path).execute("SELECT value FROM meta").fetchone()[0]
-    assert int(version) == SCHEMA_VERSION == 8
+    assert int(version) == SCHEMA_VERSION == 9
+
+
+def test_a_schema_8_store_gains_the_job_cores_figure_its_old_samples_without_it(
+    tmp_path: Path,
+) -> None:
+    """Samples written before the busy share of the run's own cores was kept read as not
+    measured (None), beside later ones that have it."""
+    path = tmp_path / "old.db"
+    second = 1_000_000_000
+    with Store(path) as store:
+        store.create_run(record("r1"), [lane("r1")])
+        store.add_host_samples("r1", "here", [HostSample(second, 50.0, (50.0, 50.0), 0.0, 0.0,
+                                                         None, None, 20.0, 1)])  # fmt: skip
+    old = sqlite3.connect(path)
+    for statement in (
+        "ALTER TABLE host_samples DROP COLUMN job_cpu_pct",
+        *(
+            f"ALTER TABLE host_rollup DROP COLUMN job_cpu_pct_{c}"
+            for c in ("n", "sum", "min", "max")
+        ),
+        "UPDATE meta SET value = '8' WHERE key = 'schema_version'",
+    ):
+        old.execute(statement)
+    old.commit()
+    old.close()
+    with Store(path) as store:
+        assert store.host_means("r1", "here", 0, 3 * second)["job_cpu_pct"] is None
+        store.add_host_samples("r1", "here", [HostSample(2 * second, 50.0, (90.0, 10.0), 0.0, 0.0,
+                                                         None, None, 20.0, 1, 90.0)])  # fmt: skip
+        means = store.host_means("r1", "here", 0, 3 * second)
+        assert means["job_cpu_pct"] == 90.0 and means["cpu_pct"] == 50.0
+        assert [s.job_cpu_pct for s in store.host_samples("r1")] == [None, 90.0]

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from probe.judge.facts import LaneFacts
+from probe.judge.facts import HostLoad, LaneFacts
 from probe.judge.thresholds import (
     CPU_SATURATED_PCT,
     DATALOADER_THREADS,
@@ -115,10 +115,7 @@ def cpu_evidence(facts: LaneFacts) -> list[Evidence]:
     out = []
     busy = facts.host.cpu_pct
     if busy is not None:
-        machine = facts.host.machine_cores or facts.host_cpus
-        cores = busy / 100 * machine
-        text = f"host CPU {busy:.0f}% busy ({cores:.1f} of the machine's {machine} cores)"
-        out.append(Evidence("host_cpu_pct", busy, text))
+        out.append(Evidence("host_cpu_pct", busy, host_cpu_text(facts.host, busy)))
     cpu = facts.figures.cpu_pct
     if cpu is not None:
         text = (
@@ -236,17 +233,37 @@ def consumer_evidence(facts: LaneFacts) -> list[Evidence]:
     return [Evidence("consumer_images_per_s", rate, text)]
 
 
+def host_cpu_text(host: HostLoad, busy: float) -> str:
+    """The busy share of the cores the run may run on, and the machine's other cores' load
+    beside it where the run has only some of them: "host CPU 97% busy (1.9 of the machine's
+    2 cores)", "CPU 95% busy on the run's 4 cores (cores 0-3 of the machine's 32; the other
+    28: 12.3 busy, other jobs', not counted against it)"."""
+    machine = host.machine_cores or 1
+    job = host.job_cores or machine
+    if job >= machine:
+        used = busy / 100 * machine
+        return f"host CPU {busy:.0f}% busy ({used:.1f} of the machine's {machine} cores)"
+    text = f"CPU {busy:.0f}% busy on the run's {job} cores (of the machine's {machine}"
+    if host.elsewhere_cores is not None:
+        text += (
+            f"; the other {machine - job}: {host.elsewhere_cores:.1f} busy, other jobs', not "
+            "counted against it"
+        )
+    return text + ")"
+
+
 def host_load_evidence(facts: LaneFacts) -> list[Evidence]:
-    """The host's other load, where it could have moved the answer."""
+    """The host's other load, where it could have moved the answer: other processes' CPU on the
+    cores the run may use (their load on the machine's other cores cannot)."""
     if not facts.host_busy:
         return []
     out = []
     other, steal = facts.host.other_cores, facts.host.steal_pct
     if other is not None:
-        cores = facts.host.machine_cores or facts.host_cpus
+        cores = facts.host_cpus
         text = (
-            f"other processes used {other:.1f} of the machine's {cores} cores "
-            f"({other / max(1, cores):.0%}) while it measured"
+            f"other processes used {other:.1f} of the {cores} core{'s' * (cores != 1)} the run "
+            f"may use ({other / max(1, cores):.0%}) while it measured"
         )
         out.append(Evidence("host_other_cores", other, text))
     if steal is not None and steal >= STEAL_MOVES_PCT:

@@ -30,14 +30,20 @@ from probe.store.documents import lane_figures_of
 
 @dataclass(frozen=True)
 class HostLoad:
-    """The host's figures over a lane's measured window (None: not measured)."""
+    """The host's figures over a lane's measured window (None: not measured). The run's
+    processes may run on `job_cores` of the machine's cores (their affinity: `taskset`, a
+    scheduler's cpuset): other processes' CPU there is CPU the run could have had
+    (`other_cores`); on the machine's other cores it is the node's other jobs, context only
+    (`elsewhere_cores`)."""
 
-    cpu_pct: float | None = None  # busy share of all the cores the run may use
+    cpu_pct: float | None = None  # busy share of the cores the run may run on
     iowait_pct: float | None = None
     steal_pct: float | None = None
     disk_read_mib_s: float | None = None
-    other_cores: float | None = None  # cores other processes used meanwhile ...
-    machine_cores: int | None = None  # ... of all the machine's (not only those it may use)
+    other_cores: float | None = None  # cores other processes took of those the run may use
+    machine_cores: int | None = None  # all the machine's cores
+    job_cores: int | None = None  # those the run may run on
+    elsewhere_cores: float | None = None  # busy cores outside them: other jobs', not the run's
 
 
 @dataclass(frozen=True)
@@ -186,14 +192,16 @@ class LaneFacts:
         return cpu is not None and cpu >= CPU_SATURATED_PCT * self.cores_per_lane
 
     @property
+    def other_cores_per_lane(self) -> float:
+        """The lane's share of the cores other processes took from the run (0: none measured)."""
+        return (self.host.other_cores or 0.0) / max(1, self.lanes_on_host)
+
+    @property
     def loader_cores(self) -> float:
-        """The cores the lane may use less its share of those other processes used meanwhile,
-        where they ran on them (a quota or an affinity narrower than the machine keeps others
-        on other cores, or counts them elsewhere)."""
-        other = self.host.other_cores or 0.0
-        if self.host.machine_cores is not None and self.host_cpus < self.host.machine_cores:
-            other = 0.0
-        return max(0.0, self.cores_per_lane - other / max(1, self.lanes_on_host))
+        """The cores the lane may use less its share of those other processes took from them
+        meanwhile (`HostLoad.other_cores`: on the run's own cores, beyond what its quota
+        leaves)."""
+        return max(0.0, self.cores_per_lane - self.other_cores_per_lane)
 
     @property
     def cpu_demand_cores(self) -> float | None:
@@ -248,11 +256,11 @@ class LaneFacts:
 
     @property
     def host_busy(self) -> bool:
-        """Whether other processes (or the hypervisor) took enough CPU to move the answer."""
+        """Whether other processes took enough of the CPU the run may use (or the hypervisor
+        enough of the machine's) to move the answer; their load on other cores does not."""
         steal = self.host.steal_pct or 0.0
         other = self.host.other_cores or 0.0
-        cores = self.host.machine_cores or self.host_cpus
-        enough = max(OTHER_LOAD_MIN_CORES, OTHER_LOAD_SHARE * cores)
+        enough = max(OTHER_LOAD_MIN_CORES, OTHER_LOAD_SHARE * self.host_cpus)
         return steal >= STEAL_MOVES_PCT or other >= enough
 
     @property
@@ -276,7 +284,7 @@ def lane_facts(store: Store, run: RunRecord, lane: LaneRecord) -> LaneFacts:
     host = HostLoad()
     if stats["n"]:
         means = store.host_means(run.run_id, lane.hostname, stats["start_ns"], stats["end_ns"])
-        host = _host_load(means, machine)
+        host = host_load(means, machine)
     figures = lane_figures_of(store, run, lane)
     # A watched iterable of unknown kind has no batch size set: the batches' own mean serves.
     batch_size = spec.get("batch_size") or round(figures.images / max(1, figures.batches))
@@ -321,19 +329,33 @@ def run_facts(store: Store, run_id: str) -> list[LaneFacts]:
     return [lane_facts(store, run, lane) for lane in store.lanes(run.run_id)]
 
 
-def _host_load(means: Mapping[str, float | None], machine: Mapping[str, Any]) -> HostLoad:
-    cores = machine.get("cpu_cores_total") or machine.get("cpus") or 1
-    busy, tree = means.get("cpu_pct"), means.get("tree_cpu_pct")
-    other = None
-    if busy is not None and tree is not None:  # the machine's busy cores less the run's own
-        other = max(0.0, busy / 100 * cores - tree / 100)
+def host_load(means: Mapping[str, float | None], machine: Mapping[str, Any]) -> HostLoad:
+    """The host's load over a window. Other processes' CPU on the run's cores is their busy
+    share less the run's processes' (which run there alone); a cgroup quota below those cores
+    leaves the rest to others, so only what they took beyond it counts against the run. A store
+    from before the run's own cores were sampled knows them only where they are the machine's."""
+    cores = int(machine.get("cpu_cores_total") or machine.get("cpus") or 1)
+    limits = machine.get("cpu_limits") or {}
+    job_cores = int(limits.get("affinity") or cores)
+    usable = min(float(limits.get("cores") or machine.get("cpus") or job_cores), job_cores)
+    busy, tree, job = means.get("cpu_pct"), means.get("tree_cpu_pct"), means.get("job_cpu_pct")
+    if job is None and job_cores >= cores:
+        job = busy
+    other = elsewhere = None
+    if job is not None and tree is not None:
+        on_job = max(0.0, job / 100 * job_cores - tree / 100)
+        other = max(0.0, on_job - (job_cores - usable))
+    if job is not None and busy is not None and job_cores < cores:
+        elsewhere = max(0.0, busy / 100 * cores - job / 100 * job_cores)
     return HostLoad(
-        cpu_pct=busy,
+        cpu_pct=job,
         iowait_pct=means.get("iowait_pct"),
         steal_pct=means.get("steal_pct"),
         disk_read_mib_s=means.get("disk_read_mib_s"),
         other_cores=other,
-        machine_cores=int(cores),
+        machine_cores=cores,
+        job_cores=job_cores,
+        elsewhere_cores=elsewhere,
     )
 
 

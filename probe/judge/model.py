@@ -183,7 +183,7 @@ def curve_of(facts: LaneFacts, run_id: str | None = None, lanes: int = 1) -> Cur
         worker_ms=worker_ms,
         cores=facts.cores_per_lane,
         main_ms=main_ms,
-        other_cores=_other_cores(facts),
+        other_cores=facts.other_cores_per_lane,
         handoff_ms=handoff * facts.batch_size,
         step_ms=step or 0.0,
         step_alone_ms=step_alone,
@@ -191,20 +191,6 @@ def curve_of(facts: LaneFacts, run_id: str | None = None, lanes: int = 1) -> Cur
         measured_images_per_s=rate * lanes,
         serial_ms=figures.worker_serial_ms or worker_ms - figures.stages_ms.get("worker_rest", 0.0),
     )
-
-
-def _other_cores(facts: LaneFacts) -> float:
-    """Other processes' CPU per lane: the host's busy cores less the lanes', where the lane's
-    cores are the machine's (a quota or an affinity narrower than the machine keeps others on
-    other cores, or counts them elsewhere)."""
-    host, machine = facts.host, facts.host.machine_cores
-    if host.cpu_pct is None or machine is None or facts.figures.cpu_pct is None:
-        return 0.0
-    if facts.host_cpus < machine:
-        return 0.0
-    busy = host.cpu_pct / 100 * machine
-    lanes = max(1, facts.lanes_on_host)
-    return max(0.0, busy / lanes - facts.figures.cpu_pct / 100)
 
 
 def run_curve(store: Store, run_id: str) -> Curve | None:

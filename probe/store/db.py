@@ -49,7 +49,7 @@ BATCH_COLUMNS = (
 GPU_TABLE_COLUMNS = ("run_id", "gpu_uuid", "t_ns", *GPU_COLUMNS)
 HOST_COLUMNS = (
     "run_id", "hostname", "t_ns", "cpu_pct", "per_core", "iowait_pct", "steal_pct",
-    "disk_read_mib_s", "memory_used_mib", "tree_cpu_pct", "tree_processes",
+    "disk_read_mib_s", "memory_used_mib", "tree_cpu_pct", "tree_processes", "job_cpu_pct",
 )  # fmt: skip
 LANE_CPU_COLUMNS = (
     "run_id", "lane", "t_ns", "cpu_pct", "main_cpu_pct", "main_thread_cpu_pct", "processes",
@@ -211,7 +211,7 @@ class Store:
                     run_id, hostname, s.t_ns, s.cpu_pct,
                     json.dumps([round(c, 1) for c in s.per_core_pct]), s.iowait_pct,
                     s.steal_pct, s.disk_read_mib_s, s.memory_used_mib, s.tree_cpu_pct,
-                    s.tree_processes,
+                    s.tree_processes, s.job_cpu_pct,
                 )
                 for hostname, samples in (host or {}).items()
                 for s in samples
@@ -433,9 +433,12 @@ class Store:
         self, run_id: str, hostname: str, start_ns: int, end_ns: int
     ) -> dict[str, float | None]:
         """Mean figures of one host between two times: cpu_pct, iowait_pct, steal_pct,
-        disk_read_mib_s, tree_cpu_pct (the run's processes)."""
+        disk_read_mib_s, tree_cpu_pct (the run's processes), job_cpu_pct (the cores they may
+        run on)."""
         totals = self.totals(HOST, run_id, hostname, (start_ns, end_ns))
-        names = ("cpu_pct", "iowait_pct", "steal_pct", "disk_read_mib_s", "tree_cpu_pct")
+        names = (
+            "cpu_pct", "iowait_pct", "steal_pct", "disk_read_mib_s", "tree_cpu_pct", "job_cpu_pct"
+        )  # fmt: skip
         return {name: totals[name].mean for name in names}
 
     def totals(

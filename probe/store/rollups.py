@@ -74,10 +74,20 @@ LANE_CPU = Samples(
 HOST = Samples(
     "host_samples", "host_rollup", "hostname",
     ("cpu_pct", "iowait_pct", "steal_pct", "disk_read_mib_s", "memory_used_mib", "tree_cpu_pct",
-     "tree_processes"),
+     "tree_processes", "job_cpu_pct"),
 )  # fmt: skip
 SAMPLES = (GPU, LANE_CPU, HOST)
 BATCH_SUMS = ("batches", "images", "wait_s", "step_s", "seconds")
+
+
+def added_metric(kind: Samples, metric: str) -> list[str]:
+    """The statements that add `metric`'s columns to `kind`'s rollup table of an older store
+    (its buckets hold none of it: a count of 0)."""
+    return [
+        f"ALTER TABLE {kind.table} ADD COLUMN {metric}_{column}"
+        for column in ("n INTEGER NOT NULL DEFAULT 0", "sum REAL NOT NULL DEFAULT 0", "min REAL",
+                       "max REAL")
+    ]  # fmt: skip
 
 
 def tables() -> str:

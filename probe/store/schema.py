@@ -15,7 +15,7 @@ from probe.metrics import GPU_METRICS
 from probe.records import HostSample, LaneRecord, RunRecord, RunStatus, SessionRecord
 from probe.store import rollups
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -105,6 +105,7 @@ CREATE TABLE IF NOT EXISTS host_samples (
     memory_used_mib REAL,
     tree_cpu_pct REAL,
     tree_processes INTEGER,
+    job_cpu_pct REAL,
     PRIMARY KEY (run_id, hostname, t_ns)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS lane_cpu (
@@ -161,20 +162,9 @@ def migrate(db: sqlite3.Connection) -> None:
         for statement in schema().split(";"):
             if statement.strip():
                 db.execute(statement)
-        columns = {row["name"] for row in db.execute("PRAGMA table_info(batches)")}
-        if "epoch" not in columns:  # 3 -> 4: a batch's epoch
-            db.execute("ALTER TABLE batches ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0")
-        if "synced" not in columns:  # 4 -> 5: whether a batch's wait was synced
-            db.execute("ALTER TABLE batches ADD COLUMN synced INTEGER NOT NULL DEFAULT 1")
-        columns = {row["name"] for row in db.execute("PRAGMA table_info(lane_cpu)")}
-        if "pss_mib" not in columns:  # 5 -> 6: a lane's memory (PSS), its workers' threads
-            db.execute("ALTER TABLE lane_cpu ADD COLUMN pss_mib REAL")
-            db.execute("ALTER TABLE lane_cpu ADD COLUMN worker_threads INTEGER")
+        _add_columns(db)
         if version is not None and version < 7:  # 6 -> 7: rollups, built from the rows stored
             rollups.rebuild(db)
-        columns = {row["name"] for row in db.execute("PRAGMA table_info(lanes)")}
-        if "traceback" not in columns:  # 7 -> 8: a failed lane's whole traceback
-            db.execute("ALTER TABLE lanes ADD COLUMN traceback TEXT")
         db.execute(
             "INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
         )
@@ -182,6 +172,29 @@ def migrate(db: sqlite3.Connection) -> None:
         db.execute("ROLLBACK")
         raise
     db.execute("COMMIT")
+
+
+def _add_columns(db: sqlite3.Connection) -> None:
+    """The columns an older store lacks, added (before its rollups are built from its rows)."""
+    columns = {row["name"] for row in db.execute("PRAGMA table_info(batches)")}
+    if "epoch" not in columns:  # 3 -> 4: a batch's epoch
+        db.execute("ALTER TABLE batches ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0")
+    if "synced" not in columns:  # 4 -> 5: whether a batch's wait was synced
+        db.execute("ALTER TABLE batches ADD COLUMN synced INTEGER NOT NULL DEFAULT 1")
+    columns = {row["name"] for row in db.execute("PRAGMA table_info(lane_cpu)")}
+    if "pss_mib" not in columns:  # 5 -> 6: a lane's memory (PSS), its workers' threads
+        db.execute("ALTER TABLE lane_cpu ADD COLUMN pss_mib REAL")
+        db.execute("ALTER TABLE lane_cpu ADD COLUMN worker_threads INTEGER")
+    columns = {row["name"] for row in db.execute("PRAGMA table_info(host_samples)")}
+    if "job_cpu_pct" not in columns:  # 8 -> 9: the busy share of the run's own cores
+        db.execute("ALTER TABLE host_samples ADD COLUMN job_cpu_pct REAL")
+    columns = {row["name"] for row in db.execute("PRAGMA table_info(host_rollup)")}
+    if "job_cpu_pct_n" not in columns:  # made before 9: its buckets hold none of it
+        for statement in rollups.added_metric(rollups.HOST, "job_cpu_pct"):
+            db.execute(statement)
+    columns = {row["name"] for row in db.execute("PRAGMA table_info(lanes)")}
+    if "traceback" not in columns:  # 7 -> 8: a failed lane's whole traceback
+        db.execute("ALTER TABLE lanes ADD COLUMN traceback TEXT")
 
 
 def add_lanes(db: sqlite3.Connection, lanes: Sequence[LaneRecord]) -> None:
@@ -223,6 +236,7 @@ def host_from_row(row: sqlite3.Row) -> HostSample:
         iowait_pct=row["iowait_pct"], steal_pct=row["steal_pct"],
         disk_read_mib_s=row["disk_read_mib_s"], memory_used_mib=row["memory_used_mib"],
         tree_cpu_pct=row["tree_cpu_pct"], tree_processes=row["tree_processes"],
+        job_cpu_pct=row["job_cpu_pct"],
     )  # fmt: skip
 
 
