@@ -597,7 +597,7 @@ def loader(device=None, seed=None, rank=None, world=None):
         distributed = SHARD and torch.distributed.is_available()
         distributed = distributed and torch.distributed.is_initialized()
         rank = torch.distributed.get_rank() if distributed else 0
-        world = torch.distributed.get_worldsize_of() if distributed else 1
+        world = torch.distributed.get_world_size() if distributed else 1
     order_seed = SHUFFLE_SEED if seed is None else seed
     pairs = samples()
     if SHUFFLE:
