@@ -486,6 +486,8 @@ Written by feedscope (`probe migrate`); it needs torch and nvidia-dali only. It 
 DataLoader gave: (images, labels) batches, one epoch per `for`, of this rank's share of the
 dataset; images NCHW on the device, through the job's transform as DALI operators, labels int64.
 The transform: {steps}.
+Sharded by rank, every rank reads as many files an epoch, as a DistributedSampler gives them: the
+first files of the order are read again where the files do not divide by the ranks.
 
     train_loader = loader()  # on torch.cuda.current_device(); the CPU without CUDA
     for epoch in range(epochs):
@@ -532,7 +534,7 @@ def _pipeline(files, labels, shard_id, num_shards, order_seed, decoder, on_gpu):
         shuffle_after_epoch=SHUFFLE,
         shuffle_after_epoch_seed=order_seed if SHUFFLE else None,
         stick_to_shard=not SHUFFLE,
-        # every rank reads as many batches (torch DDP needs it); the padding is not returned
+        # the last batch padded within the shard, and the padding not returned
         pad_last_batch=True,
         name=READER,
     )
@@ -542,7 +544,8 @@ def _pipeline(files, labels, shard_id, num_shards, order_seed, decoder, on_gpu):
 
 
 class Shard:
-    """This rank's share of the files, as a DistributedSampler's len() gives it."""
+    """This rank's share of the files, as a DistributedSampler's len() gives it: every rank's
+    is as long."""
 
     def __init__(self, files, world):
         self.files, self.world = files, world
@@ -582,6 +585,15 @@ class Loader:
         """Accepted as DistributedSampler's is; DALI's reader reshuffles after each epoch."""
 
 
+def _padded(pairs, world):
+    """The pairs, then their first ones again until they divide by `world`, as a
+    DistributedSampler pads: every rank reads as many files and batches (DDP's all-reduce needs
+    it). DALI's own shards differ by a file: a rank whose shard ends on a batch's end would get an
+    empty last batch, and with drop_last the next epoch would start on the padding."""
+    total = -(-len(pairs) // world) * world
+    return [pairs[index % len(pairs)] for index in range(total)]
+
+
 def loader(device=None, seed=None, rank=None, world=None):
     """The DALI loader on `device` (a CUDA index or torch.device; default: the current CUDA
     device, or the CPU without CUDA), reading shard `rank` of `world` (default: this process's
@@ -597,15 +609,17 @@ def loader(device=None, seed=None, rank=None, world=None):
         distributed = SHARD and torch.distributed.is_available()
         distributed = distributed and torch.distributed.is_initialized()
         rank = torch.distributed.get_rank() if distributed else 0
-        world = torch.distributed.get_worldsize_of() if distributed else 1
+        world = torch.distributed.get_world_size() if distributed else 1
     order_seed = SHUFFLE_SEED if seed is None else seed
     pairs = samples()
     if SHUFFLE:
-        # DALI's reader reshuffles after each epoch: this shuffles the first one
+        # the same order on every rank, whose first files pad the shards (DALI's reader then
+        # draws every epoch's order from the seed)
         random.Random(order_seed).shuffle(pairs)
+    read = _padded(pairs, world)
     pipeline = _pipeline(
-        files=[path for path, _ in pairs],
-        labels=[label for _, label in pairs],
+        files=[path for path, _ in read],
+        labels=[label for _, label in read],
         shard_id=rank,
         num_shards=world,
         order_seed=order_seed,
