@@ -178,6 +178,17 @@ class BatchEvent:
 
 
 @dataclass(frozen=True)
+class BatchAcross:
+    """One batch index as every lane measured it: its steps' and its batch times' (wait plus
+    step) shortest and longest across the lanes, in seconds."""
+
+    step_min_s: float
+    step_max_s: float
+    batch_min_s: float
+    batch_max_s: float
+
+
+@dataclass(frozen=True)
 class RunExport:
     """A run's lanes with everything recorded for them, as one store hands them to another:
     the ranks of a torchrun probe to rank 0, and `probe merge`."""

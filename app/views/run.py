@@ -21,7 +21,7 @@ from probe.metrics import DATA_WAIT, IMAGES_PER_S
 from probe.present import charts as figures
 from probe.present import launch
 from probe.present.offer import migrate_offer
-from probe.present.options import like_values, reproduce_command
+from probe.present.options import reproduce_command, watched_folder
 from probe.present.tables import (
     PIPELINE_ONLY_WAIT,
     headline,
@@ -116,7 +116,7 @@ def like_offer(doc: RunDocument) -> None:
     click that starts it; where its dataset named no files, what to pass instead."""
     st.markdown("**Measure the changes on this job's own files**")
     try:
-        values = like_values(doc)
+        folder = watched_folder(doc)
     except InputError as error:
         st.caption(f"{error}: `probe doctor --data DIR` measures them there.")
         return
@@ -129,7 +129,7 @@ def like_offer(doc: RunDocument) -> None:
     if st.button("Run the doctor like this job", key="run-like"):
         gpus = tuple(sorted({lane.gpu for lane in doc.lanes if lane.gpu is not None})) or None
         form = launch.LaunchForm(
-            command="doctor", gpus=gpus, data_dir=str(values["data_dir"]),
+            command="doctor", gpus=gpus, data_dir=str(folder),
             flags={"like": doc.run_id},
         )  # fmt: skip
         try:

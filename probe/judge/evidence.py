@@ -1,9 +1,11 @@
 """Evidence: the numbers a verdict rests on, each with its metric's name (`probe.metrics`) and a
-sentence for people that says what the number means."""
+sentence for people that says what the number means; and what DDP's ranks wait for each other
+(`held_share`), whose step without that wait (`unwaited_step`) `probe doctor --like` copies."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import statistics
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,7 +13,6 @@ from probe.judge.facts import HostLoad, LaneFacts
 from probe.judge.thresholds import (
     CPU_SATURATED_PCT,
     DATALOADER_THREADS,
-    IN_STEP,
     STEAL_MOVES_PCT,
     STEP_CPU_SHARE,
     STEP_SLOWED,
@@ -19,6 +20,7 @@ from probe.judge.thresholds import (
     WAIT_HIGH,
     WAIT_MODERATE,
     Severity,
+    in_step,
     severity_of,
 )
 from probe.metrics import (
@@ -37,6 +39,7 @@ from probe.metrics import (
     Source,
     counted,
 )
+from probe.records import BatchAcross
 
 
 @dataclass(frozen=True)
@@ -464,17 +467,44 @@ def held_share(waiting: LaneFacts, holding: LaneFacts) -> float | None:
     """The share of `waiting`'s step spent waiting at DDP's all-reduce for `holding`: its mean
     step less `holding`'s own (the step both have in common: `holding` reaches the all-reduce
     last and waits for nobody), over its mean step. None where a figure is not measured, where
-    its step is not longer, or where the two do not run in step: an all-reduce gives both the
-    same batch time, so that `waiting`'s step is longer by what `holding` waits longer for
-    data; batch times apart by IN_STEP of that or more are lanes that wait for nobody (a
-    probe's lanes, each its own loop)."""
+    its step is not longer, or where the two do not run in step (`in_step`, of their mean batch
+    times and steps)."""
     step, own = waiting.step_ms_mean, holding.step_ms_mean
     batch, held_batch = waiting.batch_ms_mean, holding.batch_ms_mean
     if step is None or own is None or batch is None or held_batch is None or step <= own:
         return None
-    if abs(batch - held_batch) >= IN_STEP * (step - own):
+    if not in_step(abs(batch - held_batch), step - own):
         return None
     return (step - own) / step
+
+
+@dataclass(frozen=True)
+class UnwaitedStep:
+    """The step a DDP job's ranks took without waiting for each other (`unwaited_step`)."""
+
+    step_ms: float  # the median of each batch's shortest step across the ranks
+    ranks: int
+    batches: int  # the batch indices every rank measured
+
+
+def unwaited_step(batches: Sequence[BatchAcross], ranks: int) -> UnwaitedStep | None:
+    """The step of a job's ranks without their wait for each other. Under DDP each step ends at
+    the gradient all-reduce, which waits for the last rank to reach it: the rank whose data
+    came last waits least there, so each batch's shortest step across the ranks is the job's
+    own work, the all-reduce's own time in it (part of the job's real step), whichever rank
+    came last; their median is the step. Where one rank holds the others it is that rank's
+    step (`held_share`'s "own"); where ranks take turns waiting for data, no one rank's is.
+    None for one rank, no batch every rank measured, or ranks not in step (`in_step`, summed
+    over the batches: batch times as far apart as the steps are ranks each their own loop,
+    whose shortest step would be no step of the job's)."""
+    if ranks < 2 or not batches:
+        return None
+    batch_apart = sum(b.batch_max_s - b.batch_min_s for b in batches)
+    step_apart = sum(b.step_max_s - b.step_min_s for b in batches)
+    if not in_step(batch_apart, step_apart):
+        return None
+    step_ms = statistics.median(b.step_min_s * 1e3 for b in batches)
+    return UnwaitedStep(step_ms, ranks, len(batches))
 
 
 def gpu_sharing_evidence(facts: LaneFacts) -> list[Evidence]:

@@ -67,3 +67,11 @@ def severity_of(data_wait_frac: float | None) -> Severity:
     if data_wait_frac >= WAIT_MODERATE:
         return Severity.MODERATE
     return Severity.NONE
+
+
+def in_step(batch_apart: float, step_apart: float) -> bool:
+    """Whether ranks run in step: DDP's all-reduce gives them one batch time, so that what their
+    steps differ by (`step_apart`) is what their waits for data differ by, while their batch
+    times (`batch_apart`, in the same unit) stay within IN_STEP of it. Lanes each their own
+    loop (a probe's) have batch times as far apart as their steps."""
+    return batch_apart < IN_STEP * step_apart

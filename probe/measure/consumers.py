@@ -107,17 +107,24 @@ def check_model(spec: ConsumerSpec) -> None:
         raise InputError(f"torchvision has no model {spec.model!r} (some it has: {known}, ...)")
 
 
-def consumer_note(spec: ConsumerSpec) -> str | None:
+def consumer_note(spec: ConsumerSpec, step_read: str | None = None) -> str | None:
     """What a consumer stands for where that needs saying: a model replaced by the built-in
-    one; a stand-in for a watched step (`sleep:MS@SM%`), with how far the job may run from it."""
-    if spec.kind is ConsumerKind.SLEEP and spec.sm_pct is not None and spec.step_ms:
+    one; a stand-in for a watched step (`sleep:MS@SM%`), with how far the job may run from it,
+    and how its time was read from the job's batches where that needs saying (`step_read`: a
+    DDP job's, its ranks' step without their wait for each other; then `sleep:MS` too)."""
+    if spec.kind is ConsumerKind.SLEEP and spec.step_ms and (spec.sm_pct is not None or step_read):
+        step = f"a stand-in for a watched step: {spec.step_ms:g} ms"
+        if step_read:
+            step = f"{step}, {step_read}"
+        if spec.sm_pct is None:
+            return step
         work = spec.step_ms * spec.sm_pct / 100
         return (
-            f"a stand-in for a watched step: {spec.step_ms:g} ms, its SMs busy {spec.sm_pct:g}% "
-            f"of it ({work:.1f} ms of GPU work), as the job's kernels held them; the step as the "
-            "job ran it, its loader's load beside it (its workers' CPU, its batches' copy to the "
-            "GPU): a loader that frees those may shorten it toward its GPU work, so where the "
-            f"step holds a figure here the job may run up to {spec.step_ms / work:.1f}x it"
+            f"{step}, its SMs busy {spec.sm_pct:g}% of it ({work:.1f} ms of GPU work), as the "
+            "job's kernels held them; the step as the job ran it, its loader's load beside it "
+            "(its workers' CPU, its batches' copy to the GPU): a loader that frees those may "
+            "shorten it toward its GPU work, so where the step holds a figure here the job may "
+            f"run up to {spec.step_ms / work:.1f}x it"
         )
     if spec.kind is not ConsumerKind.MODEL or spec.model == BUILTIN_MODEL:
         return None

@@ -11,7 +11,7 @@ import socket
 import sqlite3
 import time
 from collections.abc import Collection, Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +47,7 @@ from probe.present.options import (
     doctor_consumer_note,
     like_values,
     probe_config,
+    stand_in_step,
 )
 from probe.records import RunStatus
 from probe.store.connection import StoreBusy, StoreFailed
@@ -73,19 +74,35 @@ BENCH_SCHEMA = "feedscope.bench/1"
 EXIT_FAILED, EXIT_INTERRUPTED = 1, 130
 
 
+@dataclass(frozen=True)
+class _Like:
+    """What `probe doctor --like` takes from a run: its whole id, the doctor's flags as it ran,
+    and how its stand-in's step was read where that needs saying (`StandIn.read`)."""
+
+    run_id: str
+    pipeline: PipelineArgs
+    lanes: LaneArgs
+    step_read: str | None
+
+
 def _like(
     db: Path | None, wanted: str, pipeline: PipelineArgs, lanes: LaneArgs, given: Collection[str]
-) -> tuple[str, PipelineArgs, LaneArgs]:
+) -> _Like:
     """The run `wanted` names, as `probe show` reads it (`last`: a watched script's training
-    loader; a session: the run its figures come from), its whole id, and the doctor's flags as
-    it ran (`like_values`) where `given` sets none; the first line says what it copied."""
+    loader; a session: the run its figures come from), and the doctor's flags as it ran
+    (`like_values`) where `given` sets none, its step a watched job's (`stand_in_step`: under
+    DDP, its ranks' without their wait for each other); the first line says what it copied."""
+    from probe.judge.evidence import unwaited_step
     from probe.judge.results import focus_run, resolve_subject
 
     with Store(db, create=db is None) as store:
         run = store.run(focus_run(store, resolve_subject(store, wanted)))
         document = read_run(store, run.run_id)
         loaders = store.loaders(run)
-    values = {k: v for k, v in like_values(document).items() if k not in given}
+        ranks = sum(1 for lane in document.lanes if lane.figures.batches)
+        across = store.batches_across(run.run_id) if run.kind == "watch" and ranks > 1 else []
+    step = stand_in_step(document, unwaited_step(across, ranks))
+    values = {k: v for k, v in like_values(document, step).items() if k not in given}
     cores, here = values.get("cores"), own_cores()
     kept = ""
     if cores is not None and here is not None and not parse_cpu_set(cores) <= here:
@@ -105,11 +122,10 @@ def _like(
     )
     console.err.print(f"  as: probe doctor {shlex.join(argv('doctor', values))}")
     consumer = str(values.get("consumer", ""))
-    if consumer.startswith("sleep:") and "@" not in consumer:
-        lane = max(document.lanes, key=lambda lane: lane.figures.step_ms_p50 or 0.0)
+    if step is not None and consumer.startswith("sleep:") and "@" not in consumer:
         why = (
             "its steps held the SMs all their time"
-            if lane.figures.sm_active_source == "gpm"
+            if step.lane.sm_active_source == "gpm"
             else "its SM activity was not sampled (GPM)"
         )
         console.err.print(
@@ -117,10 +133,11 @@ def _like(
             "behind it (beside a 30 ms step on one H100, DALI gave 11% less than beside a step "
             "busy for its measured share)"
         )
-    return (
+    return _Like(
         document.run_id,
         replace(pipeline, **{k: v for k, v in values.items() if hasattr(pipeline, k)}),
         replace(lanes, **{k: v for k, v in values.items() if hasattr(lanes, k)}),
+        step.read if step is not None and "consumer" in values else None,  # not one given
     )
 
 
@@ -445,8 +462,11 @@ def doctor(
     from probe.judge.doctor import run_doctor
     from probe.judge.knee import ladder
 
+    step_read = None
     if like is not None:
-        like, pipeline, lanes = _like(db, like, pipeline, lanes, given)
+        liked = _like(db, like, pipeline, lanes, given)
+        like, step_read = liked.run_id, liked.step_read
+        pipeline, lanes = liked.pipeline, liked.lanes
     if lanes.cores is not None:  # before the budget and the lanes are planned on the cores
         keep_to_cores(lanes.cores)
     if lanes.read != "stream":
@@ -489,6 +509,7 @@ def doctor(
         session = run_doctor(
             config, settings, baseline, threads, budget, store, stop=stop,
             on_event=console.narrate, started=started, scaling=scaling, like=like,
+            step_read=step_read,
         )  # fmt: skip
     store.close()
     if as_json:

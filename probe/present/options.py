@@ -35,6 +35,7 @@ from probe.steady import MAX_MEASURE_S, PRECISION, STALL_FLOOR_S, STALL_TIMES
 from probe.store.documents import RunDocument
 
 if TYPE_CHECKING:
+    from probe.judge.evidence import UnwaitedStep
     from probe.measure.config import ProbeConfig  # imported where used: it brings torch
     from probe.measure.distributed import Rank
 
@@ -531,12 +532,13 @@ def reproduce_command(
     return shlex.join(words + argv("run", values))
 
 
-def stand_in(figures: LaneFigures) -> str:
-    """The consumer that stands in for a watched lane's step: its median time, and the share of
-    it its kernels held the SMs where GPM measured SM activity (`sleep:MS@SM%`, 1% at least);
-    else every SM, the whole step (`sleep:MS`): NVML's kernel-active time is no SM share."""
+def stand_in(figures: LaneFigures, step_ms: float | None = None) -> str:
+    """The consumer that stands in for a watched lane's step: its median time (or `step_ms`:
+    its ranks' without their wait for each other, `stand_in_step`), and the share of it its
+    kernels held the SMs where GPM measured SM activity (`sleep:MS@SM%`, 1% at least); else
+    every SM, the whole step (`sleep:MS`): NVML's kernel-active time is no SM share."""
     held = figures.step_sm_active_pct
-    step = f"sleep:{decimal(figures.step_ms_p50 or 0.0)}"
+    step = f"sleep:{decimal(step_ms if step_ms is not None else figures.step_ms_p50 or 0.0)}"
     if held is None or figures.sm_active_source != "gpm" or held >= 99.5:
         return step
     return f"{step}@{max(1, round(held))}%"
@@ -568,12 +570,59 @@ def ran_on_cores(host: Mapping[str, Any]) -> str | None:
     return limits.get("cpu_set")
 
 
-def like_values(document: RunDocument) -> dict[str, Any]:
+def watched_folder(document: RunDocument) -> Path:
+    """The folder a watched job's files share, where `probe doctor --like` measures.
+
+    Raises:
+        InputError: the run's dataset names no files that can be read, with what to pass.
+    """
+    folder = document.config.get("spec", {}).get("data_dir")
+    if not folder or not Path(folder).is_dir():
+        raise InputError(
+            f"run {document.run_id}: its dataset's files are not known ({folder}): give "
+            "--data with a class-per-folder copy of its images"
+        )
+    return Path(folder)
+
+
+@dataclass(frozen=True)
+class StandIn:
+    """The step `probe doctor --like` copies from a watched run: the lane whose SM share it
+    takes, the step's time where that is not the lane's median, and how it was read where
+    that needs saying (the session's consumer note says it: `consumer_note`)."""
+
+    lane: LaneFigures
+    step_ms: float | None = None
+    read: str | None = None
+
+
+def stand_in_step(document: RunDocument, unwaited: UnwaitedStep | None) -> StandIn | None:
+    """The step a watched run's stand-in copies: its slowest lane's median (under DDP every
+    rank waits for the slowest); where its ranks ran in step, their step without their wait for
+    each other (`unwaited`, `probe.judge.evidence.unwaited_step`), with the SM share of the
+    rank whose median step is shortest (it waited least for the others: its share is of its
+    own work, not of a wait, where NCCL's kernels may hold SMs). None without a step."""
+    stepped = [lane.figures for lane in document.lanes if lane.figures.batches]
+    stepped = [f for f in stepped if f.step_ms_p50]
+    if not stepped:
+        return None
+    slowest = max(stepped, key=lambda f: f.step_ms_p50 or 0.0)
+    if unwaited is None or len(stepped) < 2:
+        return StandIn(slowest)
+    read = (
+        f"each batch's shortest across its {unwaited.ranks} ranks (their step without waiting "
+        "for each other at the all-reduce; the slowest rank's own median "
+        f"{decimal(slowest.step_ms_p50 or 0.0)} ms)"
+    )
+    return StandIn(min(stepped, key=lambda f: f.step_ms_p50 or 0.0), unwaited.step_ms, read)
+
+
+def like_values(document: RunDocument, step: StandIn | None) -> dict[str, Any]:
     """`probe doctor`'s flag values (by `dest`) that measure like a stored run: a watched job's
-    files (the folder they share), batch size, image size, workers or threads, its slowest
-    lane's step as the consumer (`stand_in`) and its lanes (its GPUs, or as many on the CPU); a
-    probe run's own flags; either's cores, where its affinity kept it to fewer than its
-    machine's (`ran_on_cores`).
+    files (`watched_folder`), batch size, image size, workers or threads, its step as the
+    consumer (`stand_in` of `step`, `stand_in_step`'s) and its lanes (its GPUs, or as many on
+    the CPU); a probe run's own flags; either's cores, where its affinity kept it to fewer than
+    its machine's (`ran_on_cores`).
 
     Raises:
         InputError: the run's dataset names no files that can be read, with what to pass.
@@ -583,27 +632,20 @@ def like_values(document: RunDocument) -> dict[str, Any]:
         values = stored_values(config, of_session=True)
     else:
         spec = config.get("spec", {})
-        folder = spec.get("data_dir")
-        if not folder or not Path(folder).is_dir():
-            raise InputError(
-                f"run {document.run_id}: its dataset's files are not known ({folder}): give "
-                "--data with a class-per-folder copy of its images"
-            )
+        folder = watched_folder(document)
         measured = [lane.figures for lane in document.lanes if lane.figures.batches]
-        slowest = max((f for f in measured if f.step_ms_p50), key=lambda f: f.step_ms_p50 or 0,
-                      default=None)  # fmt: skip
         images = sum(f.images for f in measured)
         loader, dali = spec.get("dataloader", {}), spec.get("dali", {})
         gpus = sorted({lane.gpu for lane in document.lanes}, key=lambda gpu: gpu or 0)
         values = {
-            "data_dir": Path(folder),
+            "data_dir": folder,
             "batch_size": spec.get("batch_size")
             or (round(images / sum(f.batches for f in measured)) if images else None),
             "image_size": spec.get("image_size"),
             "workers": loader.get("num_workers"),
             "threads": dali.get("num_threads"),
             "persistent_workers": loader.get("persistent_workers"),
-            "consumer": None if slowest is None else stand_in(slowest),
+            "consumer": None if step is None else stand_in(step.lane, step.step_ms),
             "gpus": _gpus_text(gpus),
             "num_shards": len(document.lanes) if None in gpus else None,
         }

@@ -20,6 +20,7 @@ from pipelines import InputError
 from probe.lane_figures import LaneFigures
 from probe.metrics import GPU_COLUMNS
 from probe.records import (
+    BatchAcross,
     BatchEvent,
     GpuSample,
     HostSample,
@@ -428,6 +429,19 @@ class Store:
             "end_ns": totals.end_ns,
             "step_mean_s": totals.step_s / totals.batches if totals.batches else None,
         }
+
+    def batches_across(self, run_id: str) -> list[BatchAcross]:
+        """Each batch index that every lane with measured batches measured (warm-up ones left
+        out), across those lanes, in index order: where ranks' batch counts differ, the indices
+        all have."""
+        rows = self._db.execute(
+            "SELECT MIN(step_s), MAX(step_s), MIN(wait_s + step_s), MAX(wait_s + step_s) "
+            "FROM batches WHERE run_id = ? AND warmup = 0 GROUP BY idx HAVING COUNT(*) = "
+            "(SELECT COUNT(DISTINCT lane) FROM batches WHERE run_id = ? AND warmup = 0) "
+            "ORDER BY idx",
+            (run_id, run_id),
+        )
+        return [BatchAcross(*row) for row in rows]
 
     def host_means(
         self, run_id: str, hostname: str, start_ns: int, end_ns: int

@@ -92,6 +92,7 @@ def run_doctor(
     started: float | None = None,
     scaling: bool = False,
     like: str | None = None,
+    step_read: str | None = None,
 ) -> Session:
     """The whole diagnosis: your setting, then DALI or the worker search (in order of the gain
     they may bring), the epoch reading, the verdict, the recommendations, the verification;
@@ -106,6 +107,9 @@ def run_doctor(
         dali_threads: DALI's threads where its search starts.
         started: when the budget started counting (the command's start); default now.
         like: the watched run whose job the session measured like (`probe doctor --like`).
+        step_read: how the consumer standing in for `like`'s step was read from its batches,
+            where that needs saying (a DDP job's: its ranks' step without their wait for each
+            other); its consumer note says it.
 
     Raises:
         InputError: the budget cannot fit one trustworthy point, or no lane could read a batch
@@ -124,7 +128,7 @@ def run_doctor(
         heading: dict[str, Any] = {
             "kind": SessionKind.DOCTOR, "session_id": session.session_id,
             "created": session.created, "consumer": str(base.consumer), "budget_s": budget_s,
-            "precision": base.precision, "consumer_note": consumer_note(base.consumer),
+            "precision": base.precision, "consumer_note": consumer_note(base.consumer, step_read),
             "lanes": len(base.lanes), "like": like,
             "devices": tuple(
                 "cpu" if p.device is None else f"cuda:{p.device.index}" for p in base.lanes
