@@ -478,11 +478,15 @@ def test_the_budget_shares_what_is_left_and_drops_points_it_cannot_fit() -> None
     assert budget.overhead() == 10.0  # the median of those timed
     assert budget.least_measure() == pytest.approx(MIN_POINT_BATCHES * 0.375)
     assert budget.typical_cost() == 10.0 + 15.0  # and the median measuring
+    shorter = budget.least_measure() + 1.0  # a run in alternation, measuring at most this
+    assert budget.run_cost(shorter) == pytest.approx(10.0 + shorter)
+    assert budget.run_cost(0.0) == budget.point_cost()  # never less than the least a point is
     assert budget.fits(reserve=1)
     assert not budget.fits(reserve=2)  # the least point and two typical ones exceed 60 s
     assert budget.share(later=1) == pytest.approx(60.0 / 2 - 10.0, abs=0.1)
     assert budget.share(later=9) == budget.least_measure()  # never less than that
     assert budget.needed(reserve=2) == 70  # what was spent, the least and two typical points
+    assert budget.needed_for(41.0) == 50  # what was spent and 41 s, rounded up to 10 s
     slow = Budget(60.0, time.monotonic(), startup_s=20.0)  # the lanes' start still to pay
     assert slow.remaining() == pytest.approx(40.0, abs=0.1)
     config = ProbeConfig(

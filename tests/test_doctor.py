@@ -46,7 +46,7 @@ def test_a_starved_job_on_camera_sized_images_gets_an_answer(tmp_path: Path) -> 
     wall = time.monotonic() - started
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
-    assert document["budget_s"] == 120.0  # the default on the CPU
+    assert document["budget_s"] == 120.0  # the default
     assert document["elapsed_s"] <= 120.0 + 10.0 and wall < 120.0 + 30.0  # the budget holds
     assert document["status"] == "completed"
     verdict = document["verdict"]

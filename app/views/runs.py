@@ -27,7 +27,6 @@ from probe.present.tables import PIPELINE_ONLY_WAIT, pipeline_only, short
 def welcome() -> None:
     devices = cuda_devices()
     where = f"{len(devices)} visible GPU(s)" if devices else "the CPU (no CUDA GPU is visible)"
-    budget = DOCTOR_BUDGET_S["gpu" if devices else "cpu"]
     batch = GPU_BATCH_SIZE if devices else CPU_BATCH_SIZE
     st.info(
         "No runs yet. Is your GPU waiting for data? The doctor finds out on the built-in sample "
@@ -38,7 +37,7 @@ def welcome() -> None:
         f"{doctor_consumer_note(batch)}; it says whether the step starves, why, "
         "and what to change, with the images/s it predicts, and checks that by running it again "
         "(a close call between two answers: by measuring the two in turn). About "
-        f"{budget:.0f} s."
+        f"{DOCTOR_BUDGET_S:.0f} s."
     )
     if st.button("Run the doctor on the built-in sample data", key="runs-first", type="primary"):
         gpus = tuple(d.index for d in devices) or None

@@ -109,8 +109,13 @@ class Budget:
     def typical_cost(self) -> float:
         """What a point has cost: its overhead and the median measuring so far (at least the
         least a point costs)."""
+        return self.run_cost(math.inf)
+
+    def run_cost(self, max_s: float) -> float:
+        """What a point measuring at most `max_s` costs: its overhead and the median measuring
+        so far, up to `max_s` (at least the least a point is given)."""
         measured = statistics.median(self.measured) if self.measured else 0.0
-        return self.overhead() + max(self.least_measure(), measured)
+        return self.overhead() + max(self.least_measure(), min(max_s, measured))
 
     def fits(self, reserve: int = 0) -> bool:
         """Whether a point fits, with `reserve` more points of the typical cost left over."""
@@ -126,9 +131,13 @@ class Budget:
     def needed(self, reserve: int = 0) -> int:
         """The budget that would have fitted this point and `reserve` more: what was spent,
         and what each costs (rounded up to 10 s)."""
+        return self.needed_for(self.point_cost() + reserve * self.typical_cost())
+
+    def needed_for(self, more_s: float) -> int:
+        """The budget that would have fitted `more_s` seconds more: what was spent and those
+        (rounded up to 10 s)."""
         spent = self.total_s - self.remaining()
-        least = spent + self.point_cost() + reserve * self.typical_cost()
-        return int(math.ceil(least / 10) * 10)
+        return int(math.ceil((spent + more_s) / 10) * 10)
 
     def ran(self, wall_s: float, measured_s: float, batches: int) -> None:
         """Notes a point: its wall time (the lanes' start taken out) and what it measured."""

@@ -41,10 +41,13 @@ if TYPE_CHECKING:
 
 GPU_BATCH_SIZE, CPU_BATCH_SIZE = 128, 32
 DOCTOR_CONSUMER = "sleep:30"  # what ResNet-50 takes per batch of 128 on one H200: 30 ms
-# A GPU session builds, moves and tunes a model before its first point (about 35 s for
-# ResNet-50 on an H100, the sample data included), and a pipeline starved on large images needs
-# longer points; a CPU one has no model.
-DOCTOR_BUDGET_S = {"gpu": 180.0, "cpu": 120.0}  # the CPU: room for a close call's pairs
+# The doctor's default budget, on GPUs as on the CPU: room for a close call's first pairs in
+# alternation, which stop where those the budget left fits could not decide it (on one H200 with
+# 16 cores, the default doctor spent about 90 s of 176.5 s on 5 pairs that ended "either: +1% ±
+# 10%", a call no session decides). A model built before the first point (about 35 s for
+# ResNet-50 on an H100) or a pipeline starved on large images leaves fewer, shorter points:
+# give --budget.
+DOCTOR_BUDGET_S = 120.0
 # --scaling adds a point per pipeline for 1 GPU and each power of two below N: each about this
 SCALING_POINT_S = {"gpu": 25.0, "cpu": 15.0}
 SWEEP_BUDGET_S = 120.0
@@ -216,8 +219,7 @@ FLAGS: tuple[Flag, ...] = (
          group="command", commands=("sweep",)),
     Flag("--budget", "budget", None, float, None,
          "Seconds for the whole diagnosis, start-ups included; it ends sooner when its search "
-         f"does.  [default: {DOCTOR_BUDGET_S['gpu']:g} on GPUs, {DOCTOR_BUDGET_S['cpu']:g} on "
-         "the CPU]",
+         f"does.  [default: {DOCTOR_BUDGET_S:g}]",
          group="command", commands=("doctor",)),
     Flag("--like", "like", None, str, None,
          "Measure like a run (its id, or last): a watched job's files, batch size, image "
@@ -438,14 +440,14 @@ def check_budget(command: str, budget_s: float, config: ProbeConfig) -> None:
 
 
 def doctor_budget(lanes: LaneArgs, scaling: bool = False, count: int = 1) -> float:
-    """The doctor's budget where none is given: more on GPUs, where a model is built first;
-    with `scaling`, a point per pipeline for each count of its `count` lanes it checks."""
+    """The doctor's budget where none is given: DOCTOR_BUDGET_S, and with `scaling`, a point
+    per pipeline for each count of its `count` lanes it checks."""
     from probe.judge.scaling import checked_counts
     from probe.measure.devices import cuda_devices, select_gpus
 
     kind = "gpu" if select_gpus(lanes.gpus, cuda_devices()) is not None else "cpu"
     extra = 2 * len(checked_counts(count)) * SCALING_POINT_S[kind] if scaling else 0.0
-    return DOCTOR_BUDGET_S[kind] + extra
+    return DOCTOR_BUDGET_S + extra
 
 
 def decimal(value: float) -> str:

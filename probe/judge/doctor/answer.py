@@ -12,12 +12,7 @@ from dataclasses import replace
 from probe.judge.changes import Change, Knob, Recommendation, workers
 from probe.judge.dali_run import CoresFreed, DaliRun
 from probe.judge.diagnosis import diagnose_run
-from probe.judge.doctor.alternation import (
-    PIPELINES_SPREAD,
-    Alternation,
-    alternate,
-    more_pairs,
-)
+from probe.judge.doctor.alternation import PIPELINES_SPREAD, Alternation, alternate
 from probe.judge.epochs import epoch_fixes
 from probe.judge.evidence import Evidence, gpu_sharing, gpu_sharing_evidence, measured
 from probe.judge.facts import run_facts
@@ -372,17 +367,9 @@ def _dali_call(
         out = [_measured(loader, call, top, outcome), *rest]
         dali = replace(dali, advice=f"DALI is not worth the migration: {outcome}")
     else:
-        more = more_pairs(call.ratio, bar, call.spread)
-        decides = (
-            f"about {more} more pair{'s' if more > 1 else ''} would decide it, should the gain "
-            f"hold (--budget {session.budget.needed(2 * more - 1)})"
-            if more is not None
-            else "its gain is nearer that bar than sessions on one host differ by: no longer "
-            "session would decide it, and either is as good as this host can tell"
-        )
         outcome = (
             f"{call.how}, {gain}: {need} lies within that; either may be the answer, and "
-            f"{a.setting}, the smaller change, stays first; {decides}"
+            f"{a.setting}, the smaller change, stays first; {call.undecided()}"
         )
         either = f"either: {gain}, and {need} lies within that"
         out = [
@@ -595,7 +582,7 @@ def _workers_call(
         out = [_measured(top, call, top, outcome), *rest]
     else:
         why = "the answer keeps yours" if call.decided == yours else (
-            "either may be the answer, and yours, no change, stays first"
+            f"either may be the answer, and yours, no change, stays first; {call.undecided()}"
         )  # fmt: skip
         outcome = f"{against}: {why}"
         keep = keep_yours(baseline, mine, outcome, mine.value)
