@@ -7,16 +7,21 @@ from __future__ import annotations
 import json
 import os
 import random
+import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from helpers import free_port, probe_cli, run_captured
-from probe.judge.diagnosis import diagnose_run, judge_run
-from probe.judge.facts import LaneFacts
+from pipelines import cpu_set_text
+from probe.judge.diagnosis import RunDiagnosis, diagnose_run, judge_run
+from probe.judge.evidence import held_share
+from probe.judge.facts import HostLoad, LaneFacts, run_facts
 from probe.judge.thresholds import HELD_SHARE
 from probe.judge.verdicts import Verdict, VerdictKind
 from probe.lane_figures import lane_figures
@@ -29,10 +34,11 @@ WARMUP = 5
 
 
 def lane_of(
-    rank: int, times_ms: Sequence[tuple[float, float]], step_apart: bool = False
+    rank: int, times_ms: Sequence[tuple[float, float]], step_apart: bool = False, **given: Any
 ) -> LaneFacts:
     """A watched rank's facts from its batches' (wait, step) in ms, each batch asked for when
-    the one before it ended, its first WARMUP batches warm-up."""
+    the one before it ended, its first WARMUP batches warm-up; `given`: what its rank was
+    given (`cpu_set`, `shard_images`, ...) and other facts."""
     events, t_ns = [], 0
     for index, (wait_ms, step_ms) in enumerate(times_ms):
         events.append(
@@ -40,25 +46,32 @@ def lane_of(
         )
         t_ns += round((wait_ms + step_ms) * 1e6)
     measured = [e for e in events if not e.warmup]
+    facts: dict[str, Any] = {
+        "hostname": "node0", "host_cpus": 4, "lanes_on_host": 2, "num_workers": 0, **given,
+    }  # fmt: skip
     return LaneFacts(
         lane=rank, status="completed", backend="torch", consumer="your training step",
-        batch_size=4, figures=lane_figures(events), hostname="node0", host_cpus=4,
-        lanes_on_host=2, on_gpu=False, num_workers=0,
+        batch_size=4, figures=lane_figures(events), on_gpu=False,
         step_ms_mean=sum(e.step_s for e in measured) / len(measured) * 1e3,
-        run_lanes=2, watched_run="r",
+        run_lanes=2, watched_run="r", **facts,
     )  # fmt: skip
 
 
-def ddp(waits_ms: Sequence[Sequence[float]], compute_ms: float = 5.0) -> list[LaneFacts]:
+def ddp(
+    waits_ms: Sequence[Sequence[float]],
+    compute_ms: float = 5.0,
+    given: Sequence[dict[str, Any]] = (),
+) -> list[LaneFacts]:
     """Ranks in step, as DDP's all-reduce keeps them: each batch, every rank's step is its
-    compute and its wait at the all-reduce for the last rank to get there."""
+    compute and its wait at the all-reduce for the last rank to get there; `given[i]`: what
+    rank i was given (`lane_of`)."""
     lanes = []
     for rank, waits in enumerate(waits_ms):
         times = []
         for index, wait in enumerate(waits):
             slowest = max(w[index] for w in waits_ms)
             times.append((wait, compute_ms + slowest - wait))
-        lanes.append(lane_of(rank, times))
+        lanes.append(lane_of(rank, times, **(given[rank] if given else {})))
     return lanes
 
 
@@ -82,7 +95,12 @@ def test_the_rank_whose_loader_is_slow_holds_the_job_and_the_other_waits_for_it(
     # rank 0's step is its 5 ms of compute and the 80 ms rank 1 waits, less its own 1 ms
     assert share.value == pytest.approx(79 / 84, abs=0.02)
     assert share.text.startswith("rank 0: step waiting for another rank 9")
-    assert "the fix is rank 1's loader" in found.evidence[-1].text
+    assert found.evidence[-1].text.startswith("the fix is rank 1's loader")
+    # given alike, as far as was recorded: what it reads costs more, since rank 0 keeps up
+    assert (
+        "nothing recorded of what it was given tells it from rank 0's (cores, shard, files), yet "
+        "rank 0's loader keeps up on its own (data-wait 1."
+    ) in found.evidence[-1].text
     held, own = diagnosis.lanes
     assert held.kind is VerdictKind.HELD_BY_RANK and held.severity is found.severity
     assert own.kind is VerdictKind.STARVED_CPU_HEADROOM
@@ -113,6 +131,88 @@ def test_a_held_share_below_the_threshold_holds_nobody() -> None:
     facts = ddp([jittered(4.0, 9), [10.0] * 80], compute_ms=80.0)
     assert (facts[0].step_ms_mean or 0) - (facts[1].step_ms_mean or 0) < HELD_SHARE * 86
     assert holding(judge_run("r", RunStatus.COMPLETED, facts).findings) == []
+
+
+# Two ranks that both wait for data, as the recipe's ranks did on 8 shared cores (data-wait
+# 20.1% and 32.8%): rank 0's loader falls behind by 20 ms a batch, rank 1's by 33 ms.
+BOTH_WAIT = ([20.0, 33.0], 40.0)
+SATURATED = HostLoad(cpu_pct=97.0)  # the cores they may use, all busy
+
+
+def both_wait(*given: dict[str, Any]) -> list[LaneFacts]:
+    (rank0, rank1), compute_ms = BOTH_WAIT
+    return ddp([jittered(rank0, 10), jittered(rank1, 11)], compute_ms, given=given)
+
+
+def test_ranks_that_share_their_cores_and_all_wait_for_data_are_judged_together() -> None:
+    """Given the same cores and shards, both starved: the one that waits most got less of the
+    cores, not a slower loader. No rank is named (it was, with the other's share of its step
+    waiting for it over 20%); the shared CPU is the finding, with the cores and each wait."""
+    shared = {"cpu_set": frozenset(range(4)), "shard_images": 320, "host": SATURATED}
+    facts = both_wait(shared, shared)
+    share = held_share(facts[0], facts[1])
+    assert share is not None and share > 0.2  # enough to be named, were they told apart
+    diagnosis = judge_run("r", RunStatus.COMPLETED, facts)
+    assert holding(diagnosis.findings) == []
+    assert VerdictKind.HELD_BY_RANK not in {v.kind for v in diagnosis.lanes}
+    (found,) = [f for f in diagnosis.findings if f.kind is VerdictKind.SHARED_CORES]
+    assert found.evidence[0].text.startswith("host CPU 97% busy")
+    told = found.evidence[1].text
+    assert told.startswith(
+        "ranks 0 and 1 share cores 0-3 (4 cores), equal shards (320 images an epoch), and each "
+        "waits for data itself (data-wait rank 0 "
+    ), told
+    assert "(data-wait rank 0 27.2% ± 1.3%, rank 1 44.6% ± 1.1%)" in told, told
+    assert "no rank holds the others" in told and "not one rank's loader" in told
+    # nothing shows that the CPU caps them: no finding either, each rank's own verdict stands
+    plain = both_wait({"cpu_set": frozenset(range(4))}, {"cpu_set": frozenset(range(4))})
+    diagnosis = judge_run("r", RunStatus.COMPLETED, plain)
+    kinds = {f.kind for f in diagnosis.findings}
+    assert VerdictKind.RANK_HOLDS_JOB not in kinds and VerdictKind.SHARED_CORES not in kinds
+    # cores not recorded (a run stored before they were): one host's ranks share its cores
+    assert holding(judge_run("r", RunStatus.COMPLETED, both_wait({}, {})).findings) == []
+
+
+def test_a_rank_given_fewer_cores_than_the_other_is_named_for_them() -> None:
+    fewer = both_wait({"cpu_set": frozenset({0, 1})}, {"cpu_set": frozenset({0})})
+    diagnosis = judge_run("r", RunStatus.COMPLETED, fewer)
+    (found,) = holding(diagnosis.findings)
+    assert found.lane == 1
+    assert found.evidence[-1].text.startswith("the fix is rank 1's loader (its own verdict: "), (
+        found.evidence[-1].text
+    )
+    assert (
+        "it was given or reads otherwise than the ranks it holds: its cores, 0 (1 core), against "
+        "rank 0's 0-1 (2 cores); a change to the other ranks gains nothing"
+    ) in found.evidence[-1].text
+    assert diagnosis.lanes[0].kind is not VerdictKind.HELD_BY_RANK  # it waits for data too
+    # the rank with more cores waiting most is not named for them: they are judged together
+    more = both_wait({"cpu_set": frozenset({0})}, {"cpu_set": frozenset({0, 1})})
+    assert holding(judge_run("r", RunStatus.COMPLETED, more).findings) == []
+
+
+@pytest.mark.parametrize(
+    ("apart", "told"),
+    [
+        (
+            {"cpu_set": frozenset({4, 5, 6, 7})},
+            "its cores, 4-7 (4 cores), against rank 0's 0-3 (4 cores)",
+        ),
+        ({"shard_images": 640}, "its shard, 640 images an epoch, against rank 0's 320"),
+        ({"shard_batches": 160}, "its shard, 160 batches an epoch, against rank 0's 80"),
+        ({"data_dir": "/data/b"}, "its files, in /data/b, against rank 0's in /data/a"),
+        ({"hostname": "node1"}, "its host, node1, against rank 0's node0"),
+    ],
+)
+def test_a_rank_given_other_cores_a_larger_shard_other_files_or_another_host_is_named(
+    apart: dict[str, Any], told: str
+) -> None:
+    rank0 = {"cpu_set": frozenset(range(4)), "shard_images": 320, "data_dir": "/data/a"}
+    if "shard_batches" in apart:
+        rank0 = {"shard_batches": 80}
+    rank1 = {**rank0, **apart}
+    (found,) = holding(judge_run("r", RunStatus.COMPLETED, both_wait(rank0, rank1)).findings)
+    assert found.lane == 1 and told in found.evidence[-1].text, found.evidence[-1].text
 
 
 SCRIPT = """
@@ -178,3 +278,123 @@ def test_a_watched_ddp_job_names_its_slow_rank_and_what_the_other_waits_for_it(
     print(f"rank 1 holds the job: {share.text}")
     told = [f for f in document["diagnosis"]["findings"] if f["kind"] == "rank_holds_job"]
     assert [f["lane"] for f in told] == [1]
+
+
+# Each item costs CPU_MS of CPU in the worker (as decoding a JPEG does), its batch of 4 against a
+# step that sleeps 10 ms: a DistributedSampler gives each rank an equal shard.
+CORES_SCRIPT = """
+import os, sys, time
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset
+from torch.utils.data.distributed import DistributedSampler
+
+BATCHES, BATCH = 40, 4
+cores, workers, cpu_s = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]) / 1e3
+
+class Decoded(Dataset):
+    def __len__(self):
+        return BATCHES * BATCH * 2
+    def __getitem__(self, index):
+        until = time.thread_time() + cpu_s
+        while time.thread_time() < until:
+            pass
+        return torch.full((8,), float(index % 7)), index % 2
+
+dist.init_process_group("gloo")
+if cores == "fewer" and dist.get_rank() == 0:
+    os.sched_setaffinity(0, {0})  # its workers inherit it
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 2))
+dataset = Decoded()
+loader = DataLoader(dataset, batch_size=BATCH, num_workers=workers,
+                    sampler=DistributedSampler(dataset, shuffle=False))
+for inputs, labels in loader:
+    model(inputs).sum().backward()
+    time.sleep(0.010)
+dist.destroy_process_group()
+"""
+
+
+def watched_ranks(folder: Path, *args: object) -> tuple[RunDiagnosis, list[LaneFacts], float]:
+    """`CORES_SCRIPT ARGS` watched by `probe watch` under torchrun, 2 gloo ranks: its run's
+    diagnosis and facts, and the job's wall time."""
+    script, db = folder / "ranks.py", folder / "store.db"
+    script.write_text(textwrap.dedent(CORES_SCRIPT))
+    started = time.monotonic()
+    result = run_captured(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+         "--master-port", str(free_port()), "-m", "probe", "watch", "--db", str(db),
+         "--sample-hz", "5", "--", str(script), *map(str, args)],
+        timeout=120, cwd=folder,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    took = time.monotonic() - started
+    assert result.returncode == 0, result.stderr[-3000:]
+    with Store(db) as store:
+        (run,) = store.runs()
+        return diagnose_run(store, run.run_id), run_facts(store, run.run_id), took
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores")
+def test_two_watched_ranks_on_the_same_cores_both_starved_name_no_rank(tmp_path: Path) -> None:
+    """Both ranks on the machine's 2 cores, 2 workers each, each item 6 ms of CPU: each rank's
+    loader needs about 2.4 cores to feed its step. Both starve, whichever waits more: no rank
+    is named, and the shared CPU is the finding, with the cores and each rank's data-wait."""
+    diagnosis, facts, took = watched_ranks(tmp_path, "same", 2, 6)
+    print(f"the job took {took:.1f} s")
+    mine = frozenset(os.sched_getaffinity(0))
+    assert [f.cpu_set for f in facts] == [mine] * 2
+    assert [f.shard_images for f in facts] == [160, 160]
+    assert all((f.figures.data_wait_frac or 0.0) >= 0.05 for f in facts), facts
+    assert holding(diagnosis.findings) == []
+    assert VerdictKind.HELD_BY_RANK not in {v.kind for v in diagnosis.lanes}
+    (shared,) = [f for f in diagnosis.findings if f.kind is VerdictKind.SHARED_CORES]
+    (told,) = [e.text for e in shared.evidence if e.metric == "cpu_set"]
+    print(told)
+    assert told.startswith(
+        f"ranks 0 and 1 share cores {cpu_set_text(mine)} ({len(mine)} cores), equal shards "
+        "(160 images an epoch), and each waits for data itself (data-wait rank 0 "
+    ), told
+
+
+def burning(core: int) -> subprocess.Popen[bytes]:
+    """Another job's process, busy on `core` alone (a minute at most), in a session of its own."""
+    code = (
+        f"import os, time\nos.sched_setaffinity(0, {{{core}}})\nend = time.monotonic() + 60\n"
+        "while time.monotonic() < end:\n    pass\n"
+    )
+    return subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+
+
+def cpu_seconds(pid: int) -> float:
+    """A process's CPU time so far (user and system), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores")
+def test_a_watched_rank_given_fewer_cores_than_the_other_is_named(tmp_path: Path) -> None:
+    """Rank 0 given core 0 alone, rank 1 both cores, one worker each, each item 4 ms of CPU.
+    On a node shared with other work, as training nodes are, a process of another job busy
+    on core 0: rank 0 shares that core with it, rank 1 runs on the other. (On two cores
+    without it, the scheduler gives each rank one core whatever it was given: the ranks
+    differ only where the cores one was given are busier.) Rank 0 holds the job, named for
+    its cores."""
+    burner = burning(0)
+    try:
+        diagnosis, facts, took = watched_ranks(tmp_path, "fewer", 1, 4)
+        burned = cpu_seconds(burner.pid)
+    finally:
+        burner.kill()
+        burner.wait()
+    print(f"the job took {took:.1f} s")
+    mine = frozenset(os.sched_getaffinity(0))
+    assert [f.cpu_set for f in facts] == [frozenset({0}), mine]
+    others = (facts[0].host.other_cores or 0.0) - burned / took
+    if others > 0.3:  # what the scheduler gave each rank then is not what it was given
+        pytest.skip(f"other work on this machine used {others:.1f} cores besides the test's")
+    (found,) = holding(diagnosis.findings)
+    print(found.evidence[-1].text)
+    assert found.lane == 0, found
+    cores = f"its cores, 0 (1 core), against rank 1's {cpu_set_text(mine)} ({len(mine)} cores)"
+    assert cores in found.evidence[-1].text
