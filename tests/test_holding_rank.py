@@ -12,6 +12,7 @@ import sys
 import textwrap
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from probe.judge.thresholds import HELD_SHARE
 from probe.judge.verdicts import Verdict, VerdictKind
 from probe.lane_figures import lane_figures
 from probe.metrics import HELD
+from probe.present.tables import headline
 from probe.records import BatchEvent, RunStatus
 from probe.store.db import Store
 
@@ -38,7 +40,7 @@ def lane_of(
 ) -> LaneFacts:
     """A watched rank's facts from its batches' (wait, step) in ms, each batch asked for when
     the one before it ended, its first WARMUP batches warm-up; `given`: what its rank was
-    given (`cpu_set`, `shard_images`, ...) and other facts."""
+    given (`cpu_set`, `shard_images`, ...), its processes' `cpu_pct` and other facts."""
     events, t_ns = [], 0
     for index, (wait_ms, step_ms) in enumerate(times_ms):
         events.append(
@@ -46,12 +48,13 @@ def lane_of(
         )
         t_ns += round((wait_ms + step_ms) * 1e6)
     measured = [e for e in events if not e.warmup]
+    figures = replace(lane_figures(events), cpu_pct=given.pop("cpu_pct", None))
     facts: dict[str, Any] = {
         "hostname": "node0", "host_cpus": 4, "lanes_on_host": 2, "num_workers": 0, **given,
     }  # fmt: skip
     return LaneFacts(
         lane=rank, status="completed", backend="torch", consumer="your training step",
-        batch_size=4, figures=lane_figures(events), on_gpu=False,
+        batch_size=4, figures=figures, on_gpu=False,
         step_ms_mean=sum(e.step_s for e in measured) / len(measured) * 1e3,
         run_lanes=2, watched_run="r", **facts,
     )  # fmt: skip
@@ -156,14 +159,14 @@ def test_ranks_that_share_their_cores_and_all_wait_for_data_are_judged_together(
     assert holding(diagnosis.findings) == []
     assert VerdictKind.HELD_BY_RANK not in {v.kind for v in diagnosis.lanes}
     (found,) = [f for f in diagnosis.findings if f.kind is VerdictKind.SHARED_CORES]
-    assert found.evidence[0].text.startswith("host CPU 97% busy")
-    told = found.evidence[1].text
+    told = found.evidence[0].text
+    assert found.evidence[-1].text.startswith("host CPU 97% busy")
     assert told.startswith(
-        "ranks 0 and 1 share cores 0-3 (4 cores), equal shards (320 images an epoch), and each "
-        "waits for data itself (data-wait rank 0 "
+        "ranks 0 and 1 share cores 0-3 (4 cores), equal shards (320 images an epoch), and the "
+        "CPU caps them (data-wait rank 0 27.2% ± 1.3%, rank 1 44.6% ± 1.1%): no rank holds "
+        "the others. "
     ), told
-    assert "(data-wait rank 0 27.2% ± 1.3%, rank 1 44.6% ± 1.1%)" in told, told
-    assert "no rank holds the others" in told and "not one rank's loader" in told
+    assert told.endswith("not one rank's loader")
     # nothing shows that the CPU caps them: no finding either, each rank's own verdict stands
     plain = both_wait({"cpu_set": frozenset(range(4))}, {"cpu_set": frozenset(range(4))})
     diagnosis = judge_run("r", RunStatus.COMPLETED, plain)
@@ -171,6 +174,27 @@ def test_ranks_that_share_their_cores_and_all_wait_for_data_are_judged_together(
     assert VerdictKind.RANK_HOLDS_JOB not in kinds and VerdictKind.SHARED_CORES not in kinds
     # cores not recorded (a run stored before they were): one host's ranks share its cores
     assert holding(judge_run("r", RunStatus.COMPLETED, both_wait({}, {})).findings) == []
+
+
+def test_a_rank_given_alike_whose_peer_keeps_up_is_named_only_where_the_cpu_has_room() -> None:
+    """Given alike, rank 0 keeps up on its own while rank 1 waits: where their processes use
+    a fraction of the cores, rank 1's reads cost more (its files, its disk: a sleep here); where
+    they use all the cores they share, rank 0's prefetch only got ahead: the CPU caps both."""
+    waits = [jittered(1.0, 12), jittered(30.0, 13)]
+    alike = {"cpu_set": frozenset(range(4)), "shard_images": 320}
+    for used, named in ((30.0, True), (390.0, False)):
+        given = {**alike, "cpu_pct": used / 2}
+        facts = ddp(waits, compute_ms=40.0, given=[given, given])
+        diagnosis = judge_run("r", RunStatus.COMPLETED, facts)
+        assert [f.lane for f in holding(diagnosis.findings)] == ([1] if named else [])
+        shared = [f for f in diagnosis.findings if f.kind is VerdictKind.SHARED_CORES]
+        assert len(shared) == (0 if named else 1), shared
+    told = shared[0].evidence[0].text
+    assert told.startswith(
+        "ranks 0 and 1 share cores 0-3 (4 cores), equal shards (320 images an epoch), and the "
+        "CPU caps them (data-wait rank 0 "
+    ), told
+    assert shared[0].evidence[1].text == "their processes use 3.9 cores of the 4 they may use"
 
 
 def test_a_rank_given_fewer_cores_than_the_other_is_named_for_them() -> None:
@@ -337,10 +361,10 @@ def watched_ranks(folder: Path, *args: object) -> tuple[RunDiagnosis, list[LaneF
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores")
 def test_two_watched_ranks_on_the_same_cores_both_starved_name_no_rank(tmp_path: Path) -> None:
-    """Both ranks on the machine's 2 cores, 2 workers each, each item 6 ms of CPU: each rank's
-    loader needs about 2.4 cores to feed its step. Both starve, whichever waits more: no rank
-    is named, and the shared CPU is the finding, with the cores and each rank's data-wait."""
-    diagnosis, facts, took = watched_ranks(tmp_path, "same", 2, 6)
+    """Both ranks on the machine's 2 cores, 2 workers each, each item 10 ms of CPU: each rank's
+    loader needs about 4 cores to feed its step. Both starve, whichever waits more: no rank is
+    named, and the shared CPU is the finding, with the cores and each rank's data-wait."""
+    diagnosis, facts, took = watched_ranks(tmp_path, "same", 2, 10)
     print(f"the job took {took:.1f} s")
     mine = frozenset(os.sched_getaffinity(0))
     assert [f.cpu_set for f in facts] == [mine] * 2
@@ -349,11 +373,11 @@ def test_two_watched_ranks_on_the_same_cores_both_starved_name_no_rank(tmp_path:
     assert holding(diagnosis.findings) == []
     assert VerdictKind.HELD_BY_RANK not in {v.kind for v in diagnosis.lanes}
     (shared,) = [f for f in diagnosis.findings if f.kind is VerdictKind.SHARED_CORES]
-    (told,) = [e.text for e in shared.evidence if e.metric == "cpu_set"]
-    print(told)
+    told = shared.evidence[0].text
+    print(f"also: {headline(shared)}\n  - {told}")
     assert told.startswith(
         f"ranks 0 and 1 share cores {cpu_set_text(mine)} ({len(mine)} cores), equal shards "
-        "(160 images an epoch), and each waits for data itself (data-wait rank 0 "
+        "(160 images an epoch), and the CPU caps them (data-wait rank 0 "
     ), told
 
 

@@ -39,7 +39,7 @@ from probe.judge.thresholds import (
 )
 from probe.judge.verdicts import FED_KINDS, STARVED, Verdict, VerdictKind
 from probe.measure.described import files_known
-from probe.metrics import DATA_WAIT, HELD, IMAGES_PER_S
+from probe.metrics import CPU, DATA_WAIT, HELD, IMAGES_PER_S
 
 
 def judge_lanes(facts: Sequence[LaneFacts], verdicts: Sequence[Verdict]) -> list[Verdict]:
@@ -146,7 +146,7 @@ def _across_lanes(facts: Sequence[LaneFacts], verdicts: Sequence[Verdict]) -> li
         starved = [f for f, v in here if v.kind in STARVED]
         busy = (starved or [here[0][0]])[0].host.cpu_pct  # over its measured window
         saturated = busy is not None and busy >= CPU_SATURATED_PCT
-        together = [] if holding is not None else _judged_together(here, saturated)
+        together = [] if holding is not None else _judged_together(here)
         if not together and (len(starved) < 2 or not saturated):
             continue
         host = (starved or [here[0][0]])[0]
@@ -160,8 +160,8 @@ def _across_lanes(facts: Sequence[LaneFacts], verdicts: Sequence[Verdict]) -> li
                     f"host{on} CPU {busy:.0f}% busy (saturated from {CPU_SATURATED_PCT:.0f}%)",
                 )
             )
-        if together:
-            shown += _together_evidence(together)
+        if together:  # what they share first: `probe show` tells a finding's first evidence
+            shown[:0] = _together_evidence(together)
             starved = together
         else:
             shown.append(
@@ -177,26 +177,21 @@ def _across_lanes(facts: Sequence[LaneFacts], verdicts: Sequence[Verdict]) -> li
     return out
 
 
-def _judged_together(
-    lanes: Sequence[tuple[LaneFacts, Verdict]], saturated: bool
-) -> list[LaneFacts]:
+def _judged_together(lanes: Sequence[tuple[LaneFacts, Verdict]]) -> list[LaneFacts]:
     """A watched job's ranks on one host that are judged together, where no rank holds the
-    others (`holding_rank`): two or more, each waiting for data itself (`_waits_itself`),
-    nothing recorded telling them apart (`_given_apart`: they share their cores, their shards
-    agree, they read the same files) and the CPU capping them (the host's cores saturated, or
-    a rank's loader needing more cores than it has: `LaneFacts.cpu_capped`). Their waits may
-    differ, by chance or by which rank's workers the cores served first: the fix is the CPU
-    they share, not one rank's loader. Empty where they are not."""
+    others (`holding_rank`): two or more, nothing recorded telling them apart (`_given_apart`:
+    they share their cores, their shards agree, they read the same files), one at least
+    waiting for data itself (`_waits_itself`), and the CPU they share capping them
+    (`_cpu_caps`). Their waits may differ, by the share of the cores each got or whose
+    prefetch got ahead at the start: the fix is the CPU they share, not one rank's loader.
+    Empty where they are not."""
     ranks = [(f, v) for f, v in lanes if f.watched_run is not None and f.consumer != "none"]
-    if len(ranks) < 2 or not all(_waits_itself(f, v) for f, v in ranks):
+    if len(ranks) < 2 or not any(_waits_itself(f, v) for f, v in ranks):
         return []
     if any(_given_apart(a, b) for a, _ in ranks for b, _ in ranks if a.lane != b.lane):
         return []
-    capped = saturated or any(
-        f.cpu_capped or f.cpu_saturated or v.kind is VerdictKind.STARVED_CPU_SATURATED
-        for f, v in ranks
-    )
-    return [f for f, _ in ranks] if capped else []
+    alike = [f for f, _ in ranks]
+    return alike if _cpu_caps(alike) else []
 
 
 def _together_evidence(ranks: Sequence[LaneFacts]) -> list[Evidence]:
@@ -226,25 +221,20 @@ def _together_evidence(ranks: Sequence[LaneFacts]) -> list[Evidence]:
         Evidence(
             "cpu_set",
             None if shared is None else float(len(shared)),
-            f"{_ranks_text(ranks)} {cores}{shard}, and each waits for data itself "
-            f"({DATA_WAIT.label} {waits}), though its prefetch refills while it waits for the "
-            "others at the all-reduce: no rank holds the others. Given alike, the one that "
-            "waits most got less of the cores they share, not a slower loader; the CPU caps "
-            "them all, and the fix is the same for every rank (less CPU an image, or more "
+            f"{_ranks_text(ranks)} {cores}{shard}, and the CPU caps them ({DATA_WAIT.label} "
+            f"{waits}): no rank holds the others. Given alike, the one that waits most got "
+            "less of the cores they share, or its prefetch fell behind at the start, not a "
+            "slower loader; the fix is the same for every rank (less CPU an image, or more "
             "cores), not one rank's loader",
         )
     ]
-    demands = [f.cpu_demand_cores for f in ranks]
-    if all(demand is not None for demand in demands):
-        need = sum(demand or 0.0 for demand in demands)
-        evidence.append(
-            Evidence(
-                "cpu_demand_cores",
-                need,
-                f"their loaders need {need:.1f} cores together to feed their steps, of the "
-                f"{allowed} they may use",
-            )
-        )
+    used = [f.figures.cpu_pct for f in ranks]
+    if all(cpu is not None for cpu in used):
+        busy = sum(cpu or 0.0 for cpu in used)  # % of one core
+        left = sum(f.loader_cores for f in ranks)
+        others = f" ({left:.1f} left by other processes)" if left < allowed - 0.05 else ""
+        text = f"their processes use {CPU.text(busy)} of the {allowed} they may use{others}"
+        evidence.append(Evidence(CPU.name, busy, text))
     return evidence
 
 
@@ -272,10 +262,11 @@ def holding_rank(facts: Sequence[LaneFacts], verdicts: Sequence[Verdict]) -> Hol
 
     A rank is named only where it differs from those it holds: in what it was given or reads
     as recorded (`_given_apart`: fewer or other cores, a larger shard, other files, another
-    host), or, given alike, where a rank it holds is fed on its own (its loader keeps up on
-    the same cores: what the slow one reads costs more). Ranks given alike that all wait for
-    data themselves hold nobody: they are judged together (`_judged_together`), since which
-    of them waits most is the share of the cores each got, not its loader."""
+    host), or, given alike, where a rank it holds keeps up on its own while the CPU has room
+    (what the slow one reads costs more: its files, its disk or data path). Ranks given alike
+    hold nobody where the CPU they share caps them (`_cpu_caps`: which of them waits most is
+    the share of the cores each got, or whose prefetch got ahead at the start, not its loader;
+    they are judged together, `_judged_together`), nor where all of them wait for data."""
     judged = [
         (fact, verdict)
         for fact, verdict in zip(facts, verdicts, strict=True)
@@ -300,9 +291,23 @@ def holding_rank(facts: Sequence[LaneFacts], verdicts: Sequence[Verdict]) -> Hol
     if not held:
         return None
     apart = tuple(dict.fromkeys(text for fact, _ in held for text in _given_apart(top, fact)))
-    if not apart and all(waiting):
+    if not apart and (all(waiting) or _cpu_caps([fact for fact, _ in judged])):
         return None
     return Holding(top, own, tuple(held), apart)
+
+
+def _cpu_caps(ranks: Sequence[LaneFacts]) -> bool:
+    """Whether the CPU that ranks given alike share caps them: their processes (workers
+    included) use CPU_SATURATED_PCT or more of the cores left to them (the cores they may use
+    less other processes' share: `LaneFacts.loader_cores`); where their CPU was not measured,
+    whether the host's cores were that busy. A loader slowed by what it reads (a disk, a
+    remote store, a sleep) uses little of its cores."""
+    used = [f.figures.cpu_pct for f in ranks]
+    if any(cpu is None for cpu in used):
+        busy = ranks[0].host.cpu_pct
+        return busy is not None and busy >= CPU_SATURATED_PCT
+    left = sum(f.loader_cores for f in ranks)
+    return left > 0 and sum(cpu or 0.0 for cpu in used) / 100 >= CPU_SATURATED_PCT / 100 * left
 
 
 def _waits_itself(fact: LaneFacts, verdict: Verdict) -> bool:
