@@ -24,13 +24,13 @@ ROOT = Path(__file__).resolve().parents[1]
 RUN = "20261128-watch-0000abcd"
 
 
-def two_ranks(db: Path) -> None:
+def two_ranks(db: Path, world: int = 2) -> None:
     """A watched run of 2 ranks, 30 batches each: rank 0's lane ended (completed), rank 1's
-    still running."""
+    still running; `world`: the world size its config says."""
     run = RunRecord(
         run_id=RUN, kind="watch", created="2026-11-28T08:00:00Z", status=RunStatus.RUNNING,
         reason=None, pipeline="torch", consumer="your training step", label="ddp.py",
-        config={"world_size": 2, "torchrun": True, "read": "epochs", "warmup": 0,
+        config={"world_size": world, "torchrun": True, "read": "epochs", "warmup": 0,
                 "spec": {"batch_size": 4}, "lanes": [{"lane": 0}, {"lane": 1}]},
         host={"cpus": 2}, hostname="here", pid=100, started_ns=0, ended_ns=None,
     )  # fmt: skip
@@ -86,19 +86,24 @@ def test_a_rank_not_ended_in_time_is_named_as_still_running(
     assert "did not complete" not in "\n".join(lines)
 
 
-def test_a_settled_run_is_told_without_waiting(
+def test_a_settled_run_or_one_of_a_single_process_is_told_without_waiting(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    db = tmp_path / "store.db"
-    two_ranks(db)
-    end_rank_1(db)
+    """A single process's run still running at its answer lost its store: waiting would not
+    settle it."""
 
     def no_wait(seconds: float) -> None:
-        raise AssertionError(f"waited {seconds} s for a settled run")
+        raise AssertionError(f"waited {seconds} s")
 
+    settled, alone = tmp_path / "settled.db", tmp_path / "alone.db"
+    two_ranks(settled)
+    end_rank_1(settled)
+    two_ranks(alone, world=1)
     monkeypatch.setattr(time, "sleep", no_wait)
-    assert measuring.ranks_ended(Store(db), [RUN])
-    assert "partial" not in measuring.loader_answers(db, RUN)[0]
+    for db in (settled, alone):
+        with Store(db) as store:
+            assert measuring.ranks_ended(store, [RUN])
+    assert "partial" not in measuring.loader_answers(settled, RUN)[0]
 
 
 # Rank 1 ends its script a second and a half after rank 0 (a checkpoint it saves, say): rank 0

@@ -195,8 +195,8 @@ def _judged_together(lanes: Sequence[tuple[LaneFacts, Verdict]]) -> list[LaneFac
 
 
 def _together_evidence(ranks: Sequence[LaneFacts]) -> list[Evidence]:
-    """The cores ranks judged together share, their shards, each one's data-wait, and what
-    their loaders need of those cores, where measured."""
+    """The cores ranks judged together share, their shards, each one's data-wait, and the CPU
+    their processes use of those cores, where measured."""
     sets = [f.cpu_set for f in ranks]
     if all(cores is not None for cores in sets):
         known = [cores for cores in sets if cores is not None]
@@ -417,8 +417,9 @@ def _holding_findings(facts: Sequence[LaneFacts], verdicts: Sequence[Verdict]) -
     if holding.apart:
         why = f"it was given or reads otherwise than the ranks it holds: {'; '.join(holding.apart)}"
     else:  # given alike: a held rank's loader keeps up where this one's does not
-        fed = [fact for fact, _ in holding.held if fact.figures.data_wait_frac is not None]
-        keeps_up = min(fed, key=lambda fact: fact.figures.data_wait_frac or 0.0)
+        keeps_up = min(
+            (fact for fact, _ in holding.held), key=lambda x: x.figures.data_wait_frac or 0.0
+        )
         why = (
             f"nothing recorded of what it was given tells it from {compared} (cores, shard, "
             f"files), yet rank {keeps_up.lane}'s loader keeps up on its own ({DATA_WAIT.label} "

@@ -644,13 +644,20 @@ def loader_answers(db: Path | None, run_id: str) -> list[str]:
 
 
 def ranks_ended(store: Store, run_ids: Sequence[str], within_s: float | None = None) -> bool:
-    """Waits, at most `within_s` (RANKS_END_S), until none of the runs is still running
-    (every rank's lane ended and the run settled: `probe.store.merge.settle_run`); returns
-    whether none is. A run settled already costs no wait; one whose ranks do not end in time
-    is told as it is then (`tables.loader_lines` names the ranks still running)."""
+    """Waits, at most `within_s` (RANKS_END_S), until none of the runs of several ranks is
+    still running (every rank's lane ended and the run settled:
+    `probe.store.merge.settle_run`); returns whether they have ended. A run settled already
+    costs no wait, nor does one of a single process (its own end settled it, unless its store was
+    lost); one whose ranks do not end in time is told as it is then (`tables.loader_lines`
+    names the ranks still running)."""
     deadline = time.monotonic() + (RANKS_END_S if within_s is None else within_s)
     while True:
-        running = [x for x in run_ids if store.run(x).status is RunStatus.RUNNING]
+        runs = [store.run(x) for x in run_ids]
+        running = [
+            run.run_id
+            for run in runs
+            if run.status is RunStatus.RUNNING and int(run.config.get("world_size") or 1) > 1
+        ]
         if not running:
             return True
         if time.monotonic() >= deadline:
