@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipelines import CpuLimits
+from pipelines import CpuLimits, parse_cpu_set
 from probe.judge.changes import Change, Knob, to_dali, workers
 from probe.judge.thresholds import (
     CPU_CAP_NEAR,
@@ -77,6 +77,13 @@ class LaneFacts:
     run_lanes: int = 1  # the run's lanes on every host: a lane's figures are one of them
     watched_run: str | None = None  # the run's id where it watched a job of one's own
     watched_files: bool = False  # its files are known: `probe doctor --like` measures on them
+    # What the lane's rank was given, as its run's entry for it says (None: not recorded): its
+    # own cores (a rank's affinity; the host's `cpu_limits` are one rank's), its shard's
+    # images and batches an epoch, and the folder of its files.
+    cpu_set: frozenset[int] | None = None
+    shard_images: int | None = None
+    shard_batches: int | None = None
+    data_dir: str | None = None
 
     @property
     def device_word(self) -> str:
@@ -286,6 +293,8 @@ def lane_facts(store: Store, run: RunRecord, lane: LaneRecord) -> LaneFacts:
         means = store.host_means(run.run_id, lane.hostname, stats["start_ns"], stats["end_ns"])
         host = host_load(means, machine)
     figures = lane_figures_of(store, run, lane)
+    lanes = run.config.get("lanes", [])
+    given: dict[str, Any] = next((x for x in lanes if x.get("lane") == lane.lane), {})
     # A watched iterable of unknown kind has no batch size set: the batches' own mean serves.
     batch_size = spec.get("batch_size") or round(figures.images / max(1, figures.batches))
     return LaneFacts(
@@ -320,6 +329,10 @@ def lane_facts(store: Store, run: RunRecord, lane: LaneRecord) -> LaneFacts:
         run_lanes=len(store.lanes(run.run_id)),
         watched_run=run.run_id if run.kind == "watch" else None,
         watched_files=run.kind == "watch" and files_known(spec.get("data_dir")),
+        cpu_set=parse_cpu_set(given["cpu_set"]) if given.get("cpu_set") else None,
+        shard_images=given.get("images"),
+        shard_batches=given.get("batches_per_epoch"),
+        data_dir=given.get("data_dir") or spec.get("data_dir"),
     )
 
 

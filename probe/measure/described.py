@@ -18,6 +18,7 @@ import re
 import sys
 import sysconfig
 from collections.abc import Sequence
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,22 @@ _LIBRARIES = tuple(
     {str(Path(path).resolve()) for key, path in sysconfig.get_paths().items()
      if key in ("stdlib", "platstdlib", "purelib", "platlib")}
 )  # fmt: skip
+
+
+def shard_of(iterable: Any) -> dict[str, int | None]:
+    """What one epoch of a loader reads, as it says before it starts: `batches_per_epoch`, its
+    length, and `images`, its batch sampler's sampler's length (a DistributedSampler's: the
+    rank's shard), as a probe's lanes record them; None where it does not say (an iterable
+    dataset, a DALI iterator without a reader's size). Ranks given unequal shards are told
+    apart by these."""
+    batches = images = None
+    with suppress(Exception):  # a length it cannot give is no length
+        batches = len(iterable)
+    sampler = getattr(getattr(iterable, "batch_sampler", None), "sampler", None)
+    if sampler is not None:
+        with suppress(Exception):
+            images = len(sampler)
+    return {"batches_per_epoch": batches, "images": images}
 
 
 def loop_site(iterable: Any) -> dict[str, Any]:

@@ -25,8 +25,8 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipelines import InputError
-from probe.measure.described import describe, image_size, type_name
+from pipelines import InputError, cpu_set_text, own_cores
+from probe.measure.described import describe, image_size, shard_of, type_name
 from probe.measure.devices import CudaDevice, cuda_devices, device_sync, loop_device
 from probe.measure.live import Labels, Live, nvml_index, start_live
 from probe.measure.recorder import Drained, Recorder
@@ -170,7 +170,8 @@ class Recording:
                 "warmup": watched.warmup, "read": "epochs", "batches": None, "duration_s": None,
                 "sample_hz": watched.sample_hz, "world_size": world, "torchrun": rank is not None,
                 "lanes": [{"lane": lane, "gpu": None if device is None else device.index,
-                           "shard_id": lane, "num_shards": world}],
+                           "shard_id": lane, "num_shards": world,
+                           **rank_given(watched.iterable, spec)}],
                 "iterable": type_name(watched.iterable),
             },
             host=describe_host(gpus), hostname=hostname, pid=os.getpid(),
@@ -352,6 +353,23 @@ class Recording:
             add_rows(store, export, self.shift)
 
         return unwritten.flush(write)
+
+
+def rank_given(iterable: Any, spec: dict[str, Any]) -> dict[str, Any]:
+    """What this rank was given, beside the others of its job: its own cores (`cpu_set` as
+    taskset lists them, and how many: `cpus`; a scheduler or `taskset` may give each rank
+    its own), its shard's size (`shard_of`) and the folder of its files (`data_dir`). The
+    run's host description is one rank's: a rank that holds the others is told apart by
+    these (`probe.judge.across_lanes`)."""
+    cores = None
+    with suppress(OSError):  # not known: never a reason not to record
+        cores = own_cores()
+    return {
+        "cpu_set": None if cores is None else cpu_set_text(cores),
+        "cpus": None if cores is None else len(cores),
+        **shard_of(iterable),
+        "data_dir": spec.get("data_dir"),
+    }
 
 
 def _without_cuda() -> bool:

@@ -641,16 +641,47 @@ def watch_script(command: Sequence[str], db: Path | None, name: str | None, warm
     return code
 
 
+# How long the answer at exit waits for the job's other ranks to end their lanes: a rank
+# that ended with the job writes its last rows and its lane within a writer's interval or two.
+RANKS_END_S = 5.0
+
+
 def loader_answers(db: Path | None, run_id: str) -> list[str]:
     """The answer for each loader the process that watched `run_id` recorded, the training
-    loader first (`tables.loader_lines`)."""
+    loader first (`tables.loader_lines`). Under torchrun rank 0 tells it once its own lanes
+    have ended, often before the other ranks' have: it waits for them (`ranks_ended`), so
+    that a job that completed is told completed, as `probe show` tells it."""
     from probe.judge.diagnosis import diagnose_run
     from probe.store.documents import read_run
 
     loaders = []
     with Store(db) as store:
+        ranks_ended(store, [run.run_id for run in store.loaders(store.run(run_id))])
         for run in store.loaders(store.run(run_id)):
             diagnosis = diagnose_run(store, run.run_id)
             loaders.append((read_run(store, run.run_id), diagnosis.verdict,
                             diagnosis.recommendations, diagnosis.findings))  # fmt: skip
     return tables.loader_lines(loaders)
+
+
+def ranks_ended(store: Store, run_ids: Sequence[str], within_s: float | None = None) -> bool:
+    """Waits, at most `within_s` (RANKS_END_S), until none of the runs of several ranks is
+    still running (every rank's lane ended and the run settled:
+    `probe.store.merge.settle_run`); returns whether they have ended. A run settled already
+    costs no wait, nor does one of a single process (its own end settled it, unless its store was
+    lost); one whose ranks do not end in time is told as it is then (`tables.loader_lines`
+    names the ranks still running)."""
+    deadline = time.monotonic() + (RANKS_END_S if within_s is None else within_s)
+    while True:
+        runs = [store.run(x) for x in run_ids]
+        running = [
+            run.run_id
+            for run in runs
+            if run.status is RunStatus.RUNNING and int(run.config.get("world_size") or 1) > 1
+        ]
+        if not running:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+        run_ids = running

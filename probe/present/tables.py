@@ -30,6 +30,7 @@ from probe.metrics import (
     per_device,
 )
 from probe.present.offer import migrate_offer
+from probe.records import RunStatus
 from probe.store.documents import LaneDocument, RunBrief, RunDocument
 
 
@@ -350,15 +351,15 @@ def gpu_busy(figures: LaneFigures) -> str:
     return shown
 
 
-def headline(verdict: Verdict) -> str:
-    """A verdict in one line: its title, severity and data-wait, and whether it is partial or
-    not trusted."""
+def headline(verdict: Verdict, partial: str = "the run did not complete") -> str:
+    """A verdict in one line: its title, severity and data-wait, and whether it is partial (and
+    why: `partial`) or not trusted."""
     text = verdict.title
     if verdict.severity is not Severity.NONE:
         wait = DATA_WAIT.text(verdict.data_wait_frac)
         text += f" ({verdict.severity.value}: {DATA_WAIT.label} {wait})"
     if verdict.partial:
-        text += " - partial: the run did not complete"
+        text += f" - partial: {partial}"
     if not verdict.reliable:
         text += " - not trusted: the host was busy"
     return text
@@ -538,7 +539,7 @@ def loader_lines(
     for index, (document, verdict, recommendations, findings) in enumerate(loaders):
         batches = sum(lane.figures.batches for lane in document.lanes)
         role = ", the training loader" if index == 0 and len(loaders) > 1 else ""
-        told = headline(verdict)
+        told = headline(verdict, partial_words(document))
         if verdict.kind is VerdictKind.UNKNOWN or verdict.kind in FED_KINDS:
             told += f": {verdict.evidence[0].text}"  # what was measured, and how it tells
         measured = counted(batches, "batch")
@@ -551,6 +552,18 @@ def loader_lines(
         lines += [f"  {line}" for line in offer.lines] if offer else []
         lines.append(f"  probe show {document.run_id}")
     return lines
+
+
+def partial_words(document: RunDocument) -> str:
+    """Why a run's verdict is partial, as it is when told: the lanes still running ("rank 1
+    still running", where the answer at exit was told before they ended), else that the run
+    did not complete."""
+    running = [lane.lane for lane in document.lanes if lane.status == RunStatus.RUNNING.value]
+    if document.status != RunStatus.RUNNING.value or not running:
+        return "the run did not complete"
+    word = "rank" if document.config.get("torchrun") else "lane"
+    named = ", ".join(map(str, running[:-1])) + " and " * (len(running) > 1) + str(running[-1])
+    return f"{word}{'s' * (len(running) > 1)} {named} still running"
 
 
 def _recommendation_lines(

@@ -61,7 +61,7 @@ def import_run(store: Store, export: RunExport) -> list[int]:
         ),
         shift,
     )  # fmt: skip
-    _join(store, here, run, shift)
+    _join(store, run.run_id, run, shift)
     settle_run(store, run.run_id)
     return sorted(added)
 
@@ -134,27 +134,29 @@ def first_to_end(lanes: Sequence[LaneRecord]) -> LaneRecord | None:
     return next(iter(failed + interrupted), None)
 
 
-def _join(store: Store, here: RunRecord, other: RunRecord, shift: int) -> None:
+def _join(store: Store, run_id: str, other: RunRecord, shift: int) -> None:
     """Folds another store's record of a run into this one's: its lanes' configuration,
-    its host, its start."""
-    config = dict(here.config)
-    lanes = {lane["lane"]: lane for lane in (*config.get("lanes", []), *other.config["lanes"])}
-    config["lanes"] = [lanes[k] for k in sorted(lanes)]
-    host = dict(here.host)
-    nodes = dict(host.get("nodes", {}))
-    for name, facts in {other.hostname: other.host, **other.host.get("nodes", {})}.items():
-        if name != here.hostname:
-            nodes.setdefault(name, {k: v for k, v in facts.items() if k != "nodes"})
-    if nodes:
-        host["nodes"] = nodes
-    started = min(here.started_ns, other.started_ns + shift)
+    its host, its start. Read and written in one transaction: ranks join at once, and a
+    rank's lane entry (its cores, its shard) must not be written over by another's."""
     with store.transaction() as db:
+        here = run_from_row(db.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone())
+        config = dict(here.config)
+        lanes = {x["lane"]: x for x in (*config.get("lanes", []), *other.config["lanes"])}
+        config["lanes"] = [lanes[k] for k in sorted(lanes)]
+        host = dict(here.host)
+        nodes = dict(host.get("nodes", {}))
+        for name, facts in {other.hostname: other.host, **other.host.get("nodes", {})}.items():
+            if name != here.hostname:
+                nodes.setdefault(name, {k: v for k, v in facts.items() if k != "nodes"})
+        if nodes:
+            host["nodes"] = nodes
+        started = min(here.started_ns, other.started_ns + shift)
         db.execute(
             "UPDATE runs SET config = ?, host = ?, started_ns = ? WHERE run_id = ?",
-            (json.dumps(config), json.dumps(host), started, here.run_id),
+            (json.dumps(config), json.dumps(host), started, run_id),
         )
         if started != here.started_ns:
-            rollups.rebuild(db, here.run_id)
+            rollups.rebuild(db, run_id)
 
 
 def _recorded(store: Store, kind: rollups.Samples, run_id: str) -> set[Any]:
