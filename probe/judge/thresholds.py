@@ -34,6 +34,8 @@ HELD_SHARE = 0.10
 # Ranks run in step (DDP's all-reduce keeps them) where their batch times differ by less than
 # this share of what one's step is longer than the other's: what the holding rank waits longer.
 IN_STEP = 0.25
+# Ranks whose mean batch times agree within this share keep one pace, as an all-reduce makes them
+SAME_PACE = 0.05
 STEP_STALL = 1.5  # mean step over median step: steps stall (the loop waits for CPU too)
 STEP_SLOWED = 0.05  # a step this much slower under the loader's load than alone: a finding
 # A DataLoader worker's own busy threads: its loop, and its queue's feeder thread (busy handing

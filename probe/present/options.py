@@ -30,6 +30,7 @@ from pipelines import (
     parse_cpu_set,
 )
 from pipelines.sample_data import default_sample_dir
+from probe.judge.thresholds import SAME_PACE
 from probe.lane_figures import LaneFigures
 from probe.steady import MAX_MEASURE_S, PRECISION, STALL_FLOOR_S, STALL_TIMES
 from probe.store.documents import RunDocument
@@ -609,8 +610,18 @@ def stand_in_step(document: RunDocument, unwaited: UnwaitedStep | None) -> Stand
     if not stepped:
         return None
     slowest = max(stepped, key=lambda f: f.step_ms_p50 or 0.0)
-    if unwaited is None or len(stepped) < 2:
+    if len(stepped) < 2:
         return StandIn(slowest)
+    if unwaited is None:
+        paces = [f.seconds / f.batches for f in stepped]
+        if max(paces) > (1 + SAME_PACE) * min(paces):  # each rank its own loop: no wait
+            return StandIn(slowest)
+        return StandIn(slowest, read=(
+            f"the slowest of its {len(stepped)} ranks' median: they kept one pace, but their "
+            "steps could not be read apart from their wait for each other (their batches are "
+            "not in step on the host, as where CUDA runs ahead of the all-reduce), so it may "
+            "hold that wait"
+        ))  # fmt: skip
     read = (
         f"each batch's shortest across its {unwaited.ranks} ranks (their step without waiting "
         "for each other at the all-reduce; the slowest rank's own median "
