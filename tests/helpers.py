@@ -97,6 +97,22 @@ def run_captured(
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 
+def torchrun_watch(
+    script: Path, db: Path, *args: Any, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`torchrun -m probe watch -- SCRIPT ARGS`, 2 gloo ranks on this machine (a free port),
+    sampling at 5 Hz into `db`, run from the script's folder, this checkout first on the path;
+    `env` added."""
+    root = Path(__file__).resolve().parents[1]
+    return run_captured(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+         "--master-port", free_port(), "-m", "probe", "watch", "--db", db, "--sample-hz", "5",
+         "--", script, *args],
+        timeout=120, cwd=script.parent,
+        env={**os.environ, "PYTHONPATH": str(root), **(env or {})},
+    )  # fmt: skip
+
+
 def stop_group(process: subprocess.Popen[str]) -> None:
     """SIGINT to the process group `process` leads, then SIGKILL to what is left of it after
     STOP_GRACE_S (or at once, on a second Ctrl-C)."""

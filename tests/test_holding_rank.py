@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from helpers import free_port, probe_cli, run_captured
+from helpers import free_port, probe_cli, run_captured, torchrun_watch
 from pipelines import cpu_set_text
 from probe.judge.diagnosis import RunDiagnosis, diagnose_run, judge_run
 from probe.judge.evidence import held_share
@@ -345,13 +345,7 @@ def watched_ranks(folder: Path, *args: object) -> tuple[RunDiagnosis, list[LaneF
     script, db = folder / "ranks.py", folder / "store.db"
     script.write_text(textwrap.dedent(CORES_SCRIPT))
     started = time.monotonic()
-    result = run_captured(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-         "--master-port", str(free_port()), "-m", "probe", "watch", "--db", str(db),
-         "--sample-hz", "5", "--", str(script), *map(str, args)],
-        timeout=120, cwd=folder,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
-    )  # fmt: skip
+    result = torchrun_watch(script, db, *args, env={"OMP_NUM_THREADS": "1"})
     took = time.monotonic() - started
     assert result.returncode == 0, result.stderr[-3000:]
     with Store(db) as store:

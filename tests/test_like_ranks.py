@@ -72,6 +72,16 @@ def write_batches(store: Store, ranks: Sequence[Sequence[tuple[float, float]]]) 
         store.add_batches(RUN, events)
 
 
+def stored(tmp_path: Path, photos: Path, ranks: Sequence[Sequence[tuple[float, float]]]) -> Path:
+    """A store holding a watched job of these ranks' batches (`write_batches`) that read
+    `photos`."""
+    db = tmp_path / "store.db"
+    with Store(db) as store:
+        watched_run(store, photos, ranks=len(ranks))
+        write_batches(store, ranks)
+    return db
+
+
 def doctor_like(
     db: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> tuple[dict[str, Any], str]:
@@ -178,11 +188,7 @@ def test_ranks_each_their_own_loop_are_not_read_as_ddp(
     ranks = [[(0.3, 20.0 + (i % 3) * 0.5) for i in range(40)],
              [(25.0, 21.0 + (i % 4) * 0.5) for i in range(40)]]  # fmt: skip
     assert unwaited_step(across(ranks), 2) is None
-    db = tmp_path / "store.db"
-    with Store(db) as store:
-        watched_run(store, photos, ranks=2)
-        write_batches(store, ranks)
-    seen, _ = doctor_like(db, monkeypatch, capsys)
+    seen, _ = doctor_like(stored(tmp_path, photos, ranks), monkeypatch, capsys)
     slowest = statistics.median(step for _, step in ranks[1][WARMUP:])
     assert seen["consumer"] == f"sleep:{decimal(slowest)}" and seen["step_read"] is None
 
@@ -200,11 +206,7 @@ def test_ranks_at_one_pace_whose_batches_are_not_in_step_keep_the_slowest_median
     ranks = [[(waits[i % 8], steps[i % 8]) for i in range(40)],
              [(waits[(i + 3) % 8], steps[(i + 3) % 8]) for i in range(40)]]  # fmt: skip
     assert unwaited_step(across(ranks), 2) is None
-    db = tmp_path / "store.db"
-    with Store(db) as store:
-        watched_run(store, photos, ranks=2)
-        write_batches(store, ranks)
-    seen, _ = doctor_like(db, monkeypatch, capsys)
+    seen, _ = doctor_like(stored(tmp_path, photos, ranks), monkeypatch, capsys)
     slowest = max(statistics.median(step for _, step in times[WARMUP:]) for times in ranks)
     assert seen["consumer"] == f"sleep:{decimal(slowest)}"
     assert "could not be read apart from their wait for each other" in seen["step_read"]

@@ -5,8 +5,6 @@ a run that did not complete."""
 
 from __future__ import annotations
 
-import os
-import sys
 import textwrap
 import threading
 import time
@@ -14,13 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from helpers import free_port, probe_cli, run_captured
+from helpers import probe_cli, torchrun_watch
 from probe.present import measuring
 from probe.records import BatchEvent, LaneRecord, RunRecord, RunStatus
 from probe.store.db import Store
 from probe.store.merge import settle_run
 
-ROOT = Path(__file__).resolve().parents[1]
 RUN = "20261128-watch-0000abcd"
 
 
@@ -132,12 +129,7 @@ def test_the_exit_line_of_a_completed_torchrun_job_agrees_with_probe_show(
     script, db = tmp_path / "ddp.py", tmp_path / "store.db"
     script.write_text(textwrap.dedent(SCRIPT))
     started = time.monotonic()
-    result = run_captured(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-         "--master-port", str(free_port()), "-m", "probe", "watch", "--db", str(db),
-         "--sample-hz", "5", "--", str(script)],
-        timeout=120, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
+    result = torchrun_watch(script, db)
     print(f"the job took {time.monotonic() - started:.1f} s")
     assert result.returncode == 0, result.stderr[-3000:]
     told = [line for line in result.stderr.splitlines() if line.startswith("feedscope: ddp.py")]

@@ -29,7 +29,7 @@ import pytest
 from helpers import probe_cli
 from pipelines.sample_data import SampleParams, make_sample_dataset
 from probe.judge.diagnosis import diagnose_run, judge_run
-from probe.judge.facts import run_facts
+from probe.judge.facts import host_load, run_facts
 from probe.lane_figures import LaneFigures, Reading, lane_figures
 from probe.present.report import build_report, render
 from probe.records import (
@@ -346,13 +346,10 @@ def test_an_ended_run_reads_its_diagnosis_and_report_as_its_raw_rows_give(tmp_pa
         expected = raw_aggregates(store.path, "done")
         assert document.samples == {"gpu": expected["gpu"], "host": expected["host"]}
         # the diagnosis: the facts with the host's load and the mean step from the raw rows
-        names = ("cpu_pct", "iowait_pct", "steal_pct", "disk_read_mib_s")
         facts = [
             dataclasses.replace(
                 f,
-                host=dataclasses.replace(
-                    f.host, **{k: expected[f"host{f.lane}"][k] for k in names}
-                ),
+                host=host_load(expected[f"host{f.lane}"], run.host),
                 step_ms_mean=expected[f"stats{f.lane}"]["step_mean_s"] * 1e3,
             )
             for f in run_facts(store, "done")

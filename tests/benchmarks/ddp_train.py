@@ -15,11 +15,13 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torchvision
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data.distributed import DistributedSampler
 from torchvision import datasets, transforms
 
 
@@ -48,7 +50,7 @@ def main() -> None:
             ]
         ),
     )
-    train_sampler = torch.utils.data.distributed.DistributedSampler(train_dataset)
+    train_sampler: DistributedSampler[Any] = DistributedSampler(train_dataset)
     train_loader = torch.utils.data.DataLoader(train_dataset, batch_size=args.batch_size, sampler=train_sampler, num_workers=args.workers, pin_memory=True)  # noqa: E501  # fmt: skip
     model = torchvision.models.get_model(args.arch).to(device)
     model = DistributedDataParallel(model, device_ids=[local] if cuda else None)
