@@ -236,9 +236,9 @@ def data_loader(dataset: Any, batch_size: int, shuffle: bool, **options: Any) ->
 
 
 def written_module(written: Any, path: Path) -> ModuleType:
-    """A module `probe migrate` wrote (`probe.present.migrate.Written`), saved at `path` with
+    """A module `probe migrate` wrote (`probe.fix.dali.Written`), saved at `path` with
     its file list beside it where it has one, and imported."""
-    from probe.present.migrate import files_name
+    from probe.fix.dali import files_name
 
     path.write_text(written.module)
     if written.files is not None:

@@ -15,18 +15,21 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 FIRST_PARTY = ("app", "probe", "pipelines")
 
-# probe's layers go downward only: present -> judge -> measure -> store -> base (and pipelines)
+# probe's layers go downward only: present -> fix -> judge -> measure -> store -> base (and
+# pipelines)
 BASE = ("probe.metrics", "probe.lane_figures", "probe.steady", "probe.records", "pipelines.*")
 STORE = ("probe.store.*", *BASE)
 MEASURE = ("probe.measure.*", *STORE)
 JUDGE = ("probe.judge.*", *MEASURE)
-PRESENT = ("probe.present.*", *JUDGE)
+FIX = ("probe.fix.*", *JUDGE)
+PRESENT = ("probe.present.*", *FIX)
 LAYERS: list[tuple[tuple[str, ...], tuple[str, ...]]] = [
     # (the modules of a layer, the first-party modules they may import)
     (("pipelines.*",), ("pipelines.*",)),
     (("app.*",), ("app.*", "probe.*")),  # through probe, never pipelines directly
     (("probe", "probe.__main__"), ("probe.*", "pipelines.*")),
     (("probe.present.*",), PRESENT),
+    (("probe.fix.*",), FIX),
     (("probe.judge.*",), JUDGE),
     (("probe.measure.*",), MEASURE),
     (("probe.store.*",), STORE),

@@ -20,8 +20,8 @@ from fake_torchvision import MEAN, STD, to_unit, training, validation
 from PIL import Image
 
 from helpers import data_loader, outside_imports, photo_folder, written_module
+from probe.fix.dali import DaliSetting, Unmovable, dali_module
 from probe.measure.recipe import recipe_of
-from probe.present.migrate import DaliSetting, Unmovable, dali_module
 
 pytest.importorskip("nvidia.dali")
 

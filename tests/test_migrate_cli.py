@@ -22,10 +22,10 @@ from torch.utils.data import DataLoader
 from helpers import imported, probe_cli, run_captured, written_module
 from pipelines import InputError
 from probe import watch
+from probe.fix.setting import setting_for
 from probe.judge.diagnosis import diagnose_run
 from probe.lane_figures import lane_figures
 from probe.measure.consumers import ConsumerKind, consumer_note, parse_consumer
-from probe.present.migrating import setting_for
 from probe.present.offer import migrate_offer
 from probe.present.options import stand_in
 from probe.records import BatchEvent, GpuSample, RunStatus, SessionRecord
@@ -234,8 +234,8 @@ def test_what_the_written_module_must_not_take_for_granted(tmp_path: Path) -> No
     """A RandomApply stays one step (refused), not its transforms always applied; a folder read
     by another loader than PIL's is refused; the module checks its listing of the folder against
     the files the job's dataset held; it shards only where the DataLoader's sampler did."""
+    from probe.fix.dali import DaliSetting, Unmovable, dali_module
     from probe.measure.recipe import recipe_of
-    from probe.present.migrate import DaliSetting, Unmovable, dali_module
 
     setting = DaliSetting(num_threads=1, hw_decoder_load=0.65)
     dataset = tv.ImageFolder(str(folder(tmp_path / "data")), transform=tv.Compose(

@@ -19,9 +19,9 @@ from fake_torchvision import MEAN, STD, to_unit, training, validation
 from PIL import Image
 
 from helpers import data_loader, natural_image, outside_imports, photo_folder, written_module
+from probe.fix.dali import Unmovable
+from probe.fix.dataloader import TorchSetting, torch_module
 from probe.measure.recipe import recipe_of
-from probe.present.migrate import Unmovable
-from probe.present.migrate_torch import TorchSetting, torch_module
 
 SETTING = TorchSetting(num_workers=0, source="the job's own (2 workers)")
 ORIGIN = "run 20261128-080000-0000 of main.py (training loader)"

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from probe.fix.dali import DaliSetting, Unmovable, dali_module
+from probe.fix.dataloader import TorchSetting, torch_module
 from probe.judge.changes import Knob, Recommendation
-from probe.present.migrate import DaliSetting, Unmovable, dali_module
-from probe.present.migrate_torch import TorchSetting, torch_module
 from probe.store.documents import RunDocument
 
 
