@@ -128,6 +128,19 @@ class SessionRecord:
 
 
 @dataclass(frozen=True)
+class TuneRecord:
+    """A `probe tune` session: a watched run's candidates, each measured on the job itself
+    (its trials, their runs and the pick in `document`)."""
+
+    tune_id: str  # "tune-..."
+    run_id: str  # the watched run it tuned
+    created: str
+    status: RunStatus
+    reason: str | None
+    document: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class LaunchRecord:
     """A probe command started by the dashboard, in a process of its own."""
 

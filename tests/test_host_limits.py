@@ -437,7 +437,7 @@ def test_a_schema_5_store_gains_the_lane_memory_columns(tmp_path: Path) -> None:
             (100.0, 5),
         ]
     version = sqlite3.connect(path).execute("SELECT value FROM meta").fetchone()[0]
-    assert int(version) == SCHEMA_VERSION == 9
+    assert int(version) == SCHEMA_VERSION == 10
 
 
 def test_cores_are_read_and_written_as_taskset_lists_them() -> None:

@@ -12,9 +12,10 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from pipelines import Backend, InputError
+from pipelines.errors import error_line
 from probe.present import launch, options
 from probe.present.cli import cli
-from probe.present.launch import LaunchForm, error_line, failure_reason
+from probe.present.launch import LaunchForm, failure_reason
 from probe.records import LaunchRecord, RunStatus
 from probe.store.db import Store
 

@@ -149,6 +149,8 @@ def migrate_lines(doc: RunDocument, recommendations: Sequence[Recommendation]) -
         st.markdown(f"**Write this loader as {offer.what}**")
         st.code(offer.command, language="bash")
         st.caption(offer.change)
+        if offer.tune:
+            st.caption(offer.tune)
 
 
 @common.page

@@ -44,6 +44,26 @@ def recorded_recipe(document: RunDocument) -> dict[str, Any]:
     return dict(recipe)
 
 
+def tuned(store: Store, run_id: str, kind: str) -> tuple[dict[str, Any], str, float] | None:
+    """The newest `probe tune` session of the run whose trials measured a `kind` candidate
+    ("dali" or "recipe") best of its kind on the job: (the candidate, a sentence naming where it
+    was measured, its images/s for the job); None where none did."""
+    from probe.fix.tune import Trial, figures  # here: tune imports this module's recipe reader
+
+    for record in store.tunes(run_id):
+        try:
+            trials = [Trial.from_json(x) for x in record.document.get("trials", [])]
+        except (KeyError, TypeError):  # written unlike this one
+            continue
+        of_kind = [f for f in figures(trials) if f.candidate.kind == kind]
+        if of_kind:
+            best = of_kind[0]
+            where = (f"tune session {record.tune_id}, measured on the job itself: "
+                     f"{best.text()} (run {', '.join(best.run_ids)})")  # fmt: skip
+            return dict(vars(best.candidate)), where, best.images_per_s
+    return None
+
+
 def setting_for(
     store: Store,
     document: RunDocument,
@@ -53,13 +73,24 @@ def setting_for(
     """The DALI setting for the run's job: the newest doctor session measured like it (or like
     another loader of its process: a script's training loader sets its validation loader's),
     else the newest on the same files, else DALI's defaults; `threads` and `hw_decoder_load` where
-    given replace the session's."""
+    given replace the session's. A `probe tune` session's best DALI trial comes first."""
     found = like_session(
         store,
         store.run(document.run_id),
         lambda session: session.dali is not None and session.dali.images_per_s is not None,
     )
-    if found is not None and found.session.dali is not None:
+    on_job = tuned(store, document.run_id, "dali")
+    if on_job is not None:
+        candidate, where, measured = on_job
+        share = candidate.get("share")
+        base = DaliSetting(
+            num_threads=int(candidate["threads"]),
+            hw_decoder_load=DaliOptions.hw_decoder_load if share is None else float(share),
+            decoder="mixed" if share is not None else "cpu",
+            source=where,
+            predicted_images_per_s=measured,
+        )
+    elif found is not None and found.session.dali is not None:
         chosen, how, dali = found.session, found.how, found.session.dali
         rate = f"{dali.images_per_s:,.0f} images/s" if dali.images_per_s else "no rate"
         base = DaliSetting(
@@ -93,7 +124,8 @@ def torch_setting_for(
 ) -> TorchSetting:
     """The workers for feedscope's DataLoader recipe in the run's job: the doctor's best
     DataLoader point measured like the run (`probe doctor --like RUN`: its DataLoader is the
-    recipe), else the job's own; `workers` where given replaces them."""
+    recipe), else the job's own; `workers` where given replaces them. A `probe tune` session's
+    best recipe trial comes first."""
     loader = document.config.get("spec", {}).get("dataloader", {})
     prefetch = loader.get("prefetch_factor")
     found = like_session(
@@ -102,7 +134,16 @@ def torch_setting_for(
         lambda session: session.best is not None and session.like == document.run_id,
     )
     figure = None if found is None else recipe_figure(found.session)
-    if found is not None and figure is not None:
+    on_job = tuned(store, document.run_id, "recipe")
+    if on_job is not None:
+        candidate, where, measured = on_job
+        base = TorchSetting(
+            num_workers=int(candidate["workers"]),
+            source=where,
+            predicted_images_per_s=measured,
+            prefetch_factor=prefetch,
+        )
+    elif found is not None and figure is not None:
         base = TorchSetting(
             num_workers=figure.num_workers,
             source=f"doctor session {found.session.session_id}, {found.how}: feedscope's "

@@ -160,7 +160,7 @@ class Recording:
         else:
             run_id = new_run_id()
         hostname = socket.gethostname()
-        kind, spec = describe(watched.iterable)
+        kind, spec = describe(getattr(watched.iterable, "feedscope_inner", watched.iterable))
         run = RunRecord(
             run_id=run_id, kind="watch", created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             status=RunStatus.RUNNING, reason=None, pipeline=kind, consumer="your training step",
@@ -173,6 +173,7 @@ class Recording:
                            "shard_id": lane, "num_shards": world,
                            **rank_given(watched.iterable, spec)}],
                 "iterable": type_name(watched.iterable),
+                **({"command": watched.command} if watched.command else {}),
             },
             host=describe_host(gpus), hostname=hostname, pid=os.getpid(),
             started_ns=time.monotonic_ns(), ended_ns=None,

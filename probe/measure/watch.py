@@ -122,6 +122,7 @@ class Watched(Generic[T]):
         self.answer = answer  # told when the process exits (`Answer`)
         self.sample_hz, self.warmup = sample_hz, warmup
         self.outlets = outlets or Outlets()
+        self.command: dict[str, Any] | None = None  # `probe watch --`'s, which a re-run needs
         self._recording: Recording | None = None
         self._started = False
         self._epoch = -1
@@ -184,7 +185,7 @@ class Watched(Generic[T]):
                     events.append(self._warm(timer.done(size, epoch)))
                 size = None
                 timer.ask(timer.done_ns)
-        except GeneratorExit:  # the loop was left (a break, or an error in the step)
+        except (GeneratorExit, KeyboardInterrupt):  # the loop was left, or stopped by Ctrl-C
             raise
         except BaseException as error:  # the loader failed: recorded, and raised on
             reason = f"{type(error).__name__}: {error}".splitlines()[0]

@@ -415,9 +415,21 @@ def grafana() -> None:
 )
 @click.option("--tensorboard-every", default=100, show_default=True, type=click.IntRange(min=1),
               help="A TensorBoard point every this many batches.")  # fmt: skip
+@click.option("--loader", "module", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, help="A module `probe migrate` wrote: its loader() in place of the "
+              "training loader, with no edit to the script.")  # fmt: skip
+@click.option("--workers", type=click.IntRange(min=0), default=None,
+              help="The training loader's num_workers, in place of the script's.")  # fmt: skip
+@click.option("--at", "site", default=None, metavar="FILE:LINE",
+              help="The loader to swap: the one iterated at this line.  [default: the first "
+              "loader iterated]")  # fmt: skip
+@click.option("--batches", type=click.IntRange(min=1), default=None,
+              help="With --loader or --workers: stop the job after this many batches beyond the "
+              "warm-up, every rank at the same batch.")  # fmt: skip
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def watch(db: Path | None, name: str | None, warmup: str, sample_hz: float,
           metrics_port: int | None, tensorboard: Path | None, tensorboard_every: int,
+          module: Path | None, workers: int | None, site: str | None, batches: int | None,
           command: tuple[str, ...]) -> int:  # fmt: skip
     """Run a training script unchanged and watch every DataLoader and DALI iterator it
     iterates, as `watch()` in its code would:
@@ -425,9 +437,62 @@ def watch(db: Path | None, name: str | None, warmup: str, sample_hz: float,
         probe watch -- python train.py ARGS
 
     Under torchrun: torchrun ... -m probe watch -- train.py ARGS. Each loader is a run named
-    after the script. Exits with the script's exit code."""
+    after the script. Exits with the script's exit code.
+
+    With --loader MODULE the training loader's batches come from the module `probe migrate`
+    wrote (its loader()), for as long as the job runs: the fix, tried with no edit."""
+    from probe.measure.autowatch import Swap
+
+    swap = None
+    if module is not None or workers is not None:
+        if module is not None and workers is not None:
+            raise InputError("--loader and --workers: give one (a written module sets its own)")
+        swap = Swap(module, workers, _site(site), batches)
+    elif site is not None or batches is not None:
+        raise InputError("--at and --batches go with --loader or --workers")
     return measuring.watch_script(command, db, name, warmup, sample_hz, metrics_port,
-                                  tensorboard, tensorboard_every)  # fmt: skip
+                                  tensorboard, tensorboard_every, swap)  # fmt: skip
+
+
+def _site(site: str | None) -> tuple[str, int] | None:
+    """--at FILE:LINE as (file name, line)."""
+    if site is None:
+        return None
+    name, _, line = site.rpartition(":")
+    if not name or not line.isdigit():
+        raise InputError(f"--at {site}: give the loop's FILE:LINE, e.g. train.py:214")
+    return Path(name).name, int(line)
+
+
+@cli.command(context_settings={"ignore_unknown_options": True})
+@_store_option
+@click.option("--batches", type=click.IntRange(min=10), default=200, show_default=True,
+              help="Each trial's batches beyond its warm-up.")  # fmt: skip
+@click.option("--trial-s", type=click.FloatRange(min=10), default=180.0, show_default=True,
+              help="A trial still running after this many seconds is stopped, what it measured "
+              "kept.")  # fmt: skip
+@click.option("--trials", type=click.IntRange(min=1), default=6, show_default=True,
+              help="The most trials: runs of the job.")  # fmt: skip
+@click.argument("words", nargs=-1, type=click.UNPROCESSED)
+def tune(db: Path | None, batches: int, trial_s: float, trials: int,
+         words: tuple[str, ...]) -> int:  # fmt: skip
+    """Measure each candidate loader on the watched job itself, before a line changes:
+
+        probe tune RUN
+        probe tune -- python train.py ARGS    (watches the job first)
+
+    Runs the job's command again once per candidate (its own loader at other num_workers,
+    feedscope's DataLoader recipe, DALI), each in place of its training loader, and answers with
+    the one the job measured best and the command that writes it."""
+    from probe.present.tuning import tune as run_tune
+
+    run_id = words[0] if len(words) == 1 and not _script_like(words[0]) else None
+    command = () if run_id else words
+    return run_tune(db, run_id, command, batches, trial_s, trials)
+
+
+def _script_like(word: str) -> bool:
+    return word.endswith(".py") or Path(word).name.startswith("python") or word == "-m"
 
 
 @cli.command()

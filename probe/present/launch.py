@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines import InputError, discover
+from pipelines.errors import error_line
 from probe.measure.samplers.host import pid_alive
 from probe.present import options
 from probe.present.listing import running_runs
@@ -215,17 +216,8 @@ def log_tail(launch: LaunchRecord, lines: int = 30) -> str:
     return "\n".join(text.replace("\r", "\n").splitlines()[-lines:])
 
 
-# A line that reads as an error: the probe's own ("error: ...", a session's "no answer: ..."),
-# one naming an exception (a traceback's last line), or a lane's failure ("lane 0: failed: ...").
-_ERROR_LINE = re.compile(r"^(error|no answer):|(Error|Exception)\b|\bfailed: ")
 # The budget a reason says would have fitted ("... --budget 130 would ...").
 _BUDGET_HINT = re.compile(r"--budget (\d+)")
-
-
-def error_line(text: str) -> str | None:
-    """The last non-empty line of `text` that reads as an error; None if none does."""
-    lines = (line.strip() for line in reversed(text.replace("\r", "\n").splitlines()))
-    return next((line for line in lines if line and _ERROR_LINE.search(line)), None)
 
 
 def failure_reason(launch: LaunchRecord) -> str | None:

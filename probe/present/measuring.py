@@ -55,6 +55,7 @@ from probe.store.db import Store
 from probe.store.documents import read_run
 
 if TYPE_CHECKING:
+    from probe.measure.autowatch import Swap
     from probe.measure.config import ProbeConfig  # imported where used: it brings torch
     from probe.measure.distributed import Ending, Rank
 
@@ -613,10 +614,11 @@ def _check_port(port: int) -> None:
 
 def watch_script(command: Sequence[str], db: Path | None, name: str | None, warmup: str,
                  sample_hz: float, metrics_port: int | None, tensorboard: Path | None,
-                 tensorboard_every: int) -> int:  # fmt: skip
-    """`probe watch -- SCRIPT ARGS`: runs the script with its loaders watched; its exit code.
-    Bad options or a missing script are refused before it starts."""
-    from probe.measure.autowatch import Script, Watching, run_script
+                 tensorboard_every: int, swap: Swap | None = None) -> int:  # fmt: skip
+    """`probe watch -- SCRIPT ARGS`: runs the script with its loaders watched (its training
+    loader swapped where `swap` says); its exit code. Bad options, a missing script or a module
+    that cannot be imported are refused before it starts."""
+    from probe.measure.autowatch import Script, Watching, rerun_record, run_script
     from probe.measure.distributed import torchrun_rank
     from probe.measure.recording import Answer
     from probe.measure.watch import Outlets
@@ -629,8 +631,14 @@ def watch_script(command: Sequence[str], db: Path | None, name: str | None, warm
     if metrics_port is not None:
         _check_port(metrics_port + (rank.local_rank if rank is not None else 0))
     options = {"name": name, "db": db, "sample_hz": sample_hz,
-               "warmup": warmup if warmup == "auto" else int(warmup)}  # fmt: skip
-    watching = Watching(script, options, outlets)
+               "warmup": warmup if warmup == "auto" else int(warmup),
+               "command": rerun_record(command, rank)}  # fmt: skip
+    if swap is not None:
+        if swap.batches is not None and warmup == "auto":
+            raise InputError("--batches counts beyond a fixed --warmup: give --warmup N")
+        swap.warmup = 0 if warmup == "auto" else int(warmup)
+        swap.load()
+    watching = Watching(script, options, outlets, swap)
     code = run_script(script, watching)
     if Answer.first is not None and (rank is None or rank.rank == 0):  # one rank tells it
         try:

@@ -58,15 +58,27 @@ def module_name(document: RunDocument, prefix: str = "dali") -> str:
 @dataclass(frozen=True)
 class MigrateOffer:
     """The command that writes a watched loader's module, what it writes, and the line to
-    change."""
+    change; and `probe tune RUN`, where the job can run again, to measure it on the job first."""
 
     command: str
     change: str
     what: str = "DALI"
+    tune: str | None = None
 
     @property
     def lines(self) -> list[str]:
-        return [f"{self.what} written for this loader: `{self.command}`", self.change]
+        lines = [f"{self.what} written for this loader: `{self.command}`", self.change]
+        return lines + ([self.tune] if self.tune else [])
+
+
+def tune_line(document: RunDocument) -> str | None:
+    """`probe tune RUN`, offered for a watched job that recorded how to run it again."""
+    if document.kind != "watch" or not document.config.get("command"):
+        return None
+    return (
+        f"measure it on your job itself before a line changes: `probe tune {document.run_id}` "
+        "(each candidate loader swapped in, the script unchanged)"
+    )
 
 
 def migrate_offer(
@@ -85,7 +97,9 @@ def migrate_offer(
             dali_module(recipe, DaliSetting(num_threads=1, hw_decoder_load=0.0), "")
             module = module_name(document)
             return MigrateOffer(
-                f"probe migrate {document.run_id} -o {module}.py", change_line(document, module)
+                f"probe migrate {document.run_id} -o {module}.py",
+                change_line(document, module),
+                tune=tune_line(document),
             )
         if knob is Knob.RECIPE:
             written = torch_module(recipe, TorchSetting(num_workers=0), "")
@@ -94,6 +108,7 @@ def migrate_offer(
                 f"probe migrate {document.run_id} --to dataloader -o {module}.py",
                 change_line(document, module, original=bool(written.keeps)),
                 "feedscope's DataLoader recipe",
+                tune_line(document),
             )
     except Unmovable:
         return None

@@ -30,6 +30,7 @@ from probe.records import (
     RunRecord,
     RunStatus,
     SessionRecord,
+    TuneRecord,
     Unavailable,
 )
 from probe.store import rollups
@@ -142,6 +143,27 @@ class Store:
                     session.reason, session.hostname, session.pid, json.dumps(session.document),
                 ),
             )  # fmt: skip
+
+    def save_tune(self, tune: TuneRecord) -> None:
+        """Writes a tune session (again: its document grows trial by trial)."""
+        with self.transaction() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO tunes VALUES (?, ?, ?, ?, ?, ?)",
+                (tune.tune_id, tune.run_id, tune.created, tune.status.value, tune.reason,
+                 json.dumps(tune.document)),
+            )  # fmt: skip
+
+    def tunes(self, run_id: str | None = None) -> list[TuneRecord]:
+        """The tune sessions (of `run_id` where given), newest first."""
+        rows = self._db.execute(
+            "SELECT * FROM tunes WHERE ? IS NULL OR run_id = ? ORDER BY created DESC, tune_id DESC",
+            (run_id, run_id),
+        )
+        return [
+            TuneRecord(row["tune_id"], row["run_id"], row["created"], RunStatus(row["status"]),
+                       row["reason"], json.loads(row["document"]))
+            for row in rows
+        ]  # fmt: skip
 
     def save_launch(self, launch: LaunchRecord) -> None:
         with self.transaction() as db:

@@ -15,7 +15,7 @@ from probe.metrics import GPU_METRICS
 from probe.records import HostSample, LaneRecord, RunRecord, RunStatus, SessionRecord
 from probe.store import rollups
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -44,6 +44,14 @@ CREATE TABLE IF NOT EXISTS sessions (
     reason TEXT,
     hostname TEXT NOT NULL,
     pid INTEGER,
+    document TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS tunes (
+    tune_id TEXT PRIMARY KEY,
+    run_id TEXT NOT NULL,
+    created TEXT NOT NULL,
+    status TEXT NOT NULL,
+    reason TEXT,
     document TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS launches (

@@ -1,20 +1,30 @@
-"""A training script shaped like pytorch/examples' imagenet/main.py, for the CPU and without
-torchvision: `DIR/train` and `DIR/val` in class folders, a DataLoader for each, `train()` and
-`validate()` per epoch, and the script's own meter of the time its loop spent waiting for data
-(`Data` in its log), which `probe watch` is checked against. It knows nothing of feedscope.
+"""A training script shaped like pytorch/examples' imagenet/main.py, for the CPU: `DIR/train` and
+`DIR/val` in class folders read by ImageFolder through the script's transforms (torchvision's;
+where torchvision cannot be imported, `tests/fake_torchvision.py`'s, the same by name and fields,
+computed with PIL), a DataLoader for each, `train()` and `validate()` per epoch, and the script's
+own meter of the time its loop spent waiting for data (`Data` in its log), which `probe watch`
+is checked against. It knows nothing of feedscope.
 
     python main.py DIR [-j WORKERS] [--epochs N] [-b BATCH] [--lr LR] [-p PRINT_FREQ] [--gpu I]
 """
 
 import argparse
 import os
+import sys
 import time
+from pathlib import Path
 
-import numpy as np
 import torch
 import torch.utils.data
-from PIL import Image
 from torch import nn
+
+try:
+    from torchvision import datasets, transforms
+except Exception:  # torchvision has no build for some machines: its transforms by name, in PIL
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    import fake_torchvision as transforms
+
+    datasets = transforms
 
 parser = argparse.ArgumentParser(description="ImageNet-shaped training, on the CPU")
 parser.add_argument("data", metavar="DIR", help="path to dataset")
@@ -27,34 +37,6 @@ parser.add_argument("--image-size", default=64, type=int)
 parser.add_argument(
     "--gpu", default=None, help="GPU id to use, or local: LOCAL_RANK's (default: the CPU)"
 )
-
-MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
-STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
-
-
-class ImageFolder(torch.utils.data.Dataset):
-    """Class-per-folder images, decoded, randomly flipped, resized and normalized."""
-
-    def __init__(self, root, size, train):
-        self.classes = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
-        self.samples = [
-            (os.path.join(root, c, f), label)
-            for label, c in enumerate(self.classes)
-            for f in sorted(os.listdir(os.path.join(root, c)))
-        ]
-        self.root, self.size, self.train = root, size, train
-
-    def __len__(self):
-        return len(self.samples)
-
-    def __getitem__(self, index):
-        path, target = self.samples[index]
-        with Image.open(path) as file:
-            image = file.convert("RGB").resize((self.size, self.size), Image.BILINEAR)
-        pixels = (np.asarray(image, dtype=np.float32) / 255 - MEAN) / STD
-        if self.train and torch.rand(1).item() < 0.5:
-            pixels = pixels[:, ::-1]
-        return torch.from_numpy(pixels.transpose(2, 0, 1).copy()), target
 
 
 class AverageMeter:
@@ -85,8 +67,25 @@ def make_model(classes):
 
 def main():
     args = parser.parse_args()
-    train_dataset = ImageFolder(os.path.join(args.data, "train"), args.image_size, train=True)
-    val_dataset = ImageFolder(os.path.join(args.data, "val"), args.image_size, train=False)
+    normalize = transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
+    train_dataset = datasets.ImageFolder(
+        os.path.join(args.data, "train"),
+        transforms.Compose([
+            transforms.RandomResizedCrop(args.image_size),
+            transforms.RandomHorizontalFlip(),
+            transforms.ToTensor(),
+            normalize,
+        ]),
+    )  # fmt: skip
+    val_dataset = datasets.ImageFolder(
+        os.path.join(args.data, "val"),
+        transforms.Compose([
+            transforms.Resize(args.image_size * 8 // 7),
+            transforms.CenterCrop(args.image_size),
+            transforms.ToTensor(),
+            normalize,
+        ]),
+    )  # fmt: skip
     train_loader = torch.utils.data.DataLoader(
         train_dataset, batch_size=args.batch_size, shuffle=True, num_workers=args.workers
     )
