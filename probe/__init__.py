@@ -32,7 +32,7 @@ def _answerer() -> Callable[[Path, str], list[str]]:
     cannot load what registers its own exit (`concurrent.futures`)."""
     import probe.judge.diagnosis
     import probe.store.documents  # noqa: F401  (used by the answer, at exit)
-    from probe.present.measuring import loader_answers
+    from probe.present.watching import loader_answers
 
     return loader_answers
 

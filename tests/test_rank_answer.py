@@ -1,6 +1,6 @@
 """The answer at exit of a watched job of several ranks says what `probe show` says of its run:
 rank 0 tells it once its own lanes have ended, and waits a few seconds at most for the other
-ranks' (`probe.present.measuring.ranks_ended`); one still running then is named, never told as
+ranks' (`probe.present.watching.ranks_ended`); one still running then is named, never told as
 a run that did not complete."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from helpers import probe_cli, torchrun_watch
-from probe.present import measuring
+from probe.present import watching
 from probe.records import BatchEvent, LaneRecord, RunRecord, RunStatus
 from probe.store.db import Store
 from probe.store.merge import settle_run
@@ -59,11 +59,11 @@ def test_the_answer_waits_for_a_rank_that_ends_and_tells_the_run_completed(
     later.start()
     started = time.monotonic()
     try:
-        lines = measuring.loader_answers(db, RUN)
+        lines = watching.loader_answers(db, RUN)
     finally:
         later.join()
     took = time.monotonic() - started
-    assert 0.5 <= took < measuring.RANKS_END_S, took
+    assert 0.5 <= took < watching.RANKS_END_S, took
     assert lines[0].startswith("ddp.py, 60 batches measured: fed"), lines
     assert "partial" not in lines[0], lines
     with Store(db) as store:
@@ -75,9 +75,9 @@ def test_a_rank_not_ended_in_time_is_named_as_still_running(
 ) -> None:
     db = tmp_path / "store.db"
     two_ranks(db)
-    monkeypatch.setattr(measuring, "RANKS_END_S", 0.3)
+    monkeypatch.setattr(watching, "RANKS_END_S", 0.3)
     started = time.monotonic()
-    lines = measuring.loader_answers(db, RUN)
+    lines = watching.loader_answers(db, RUN)
     assert time.monotonic() - started >= 0.3
     assert "fed: compute-bound - partial: rank 1 still running: data-wait" in lines[0], lines
     assert "did not complete" not in "\n".join(lines)
@@ -99,8 +99,8 @@ def test_a_settled_run_or_one_of_a_single_process_is_told_without_waiting(
     monkeypatch.setattr(time, "sleep", no_wait)
     for db in (settled, alone):
         with Store(db) as store:
-            assert measuring.ranks_ended(store, [RUN])
-    assert "partial" not in measuring.loader_answers(settled, RUN)[0]
+            assert watching.ranks_ended(store, [RUN])
+    assert "partial" not in watching.loader_answers(settled, RUN)[0]
 
 
 # Rank 1 ends its script a second and a half after rank 0 (a checkpoint it saves, say): rank 0

@@ -21,7 +21,7 @@ from probe.judge import recipe as recipe_module
 from probe.judge.changes import Knob
 from probe.judge.diagnosis import diagnose_run
 from probe.judge.results import read_session
-from probe.present.measuring import _recipe_told
+from probe.present.like_run import like_told
 from probe.present.offer import migrate_offer
 from probe.store.db import Store
 from probe.store.documents import read_run
@@ -84,7 +84,7 @@ def test_the_answer_names_the_recipe_at_the_figure_measured_like_the_job(recorde
 def test_the_doctor_says_its_dataloader_was_the_recipe(
     recorded: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    _recipe_told(recorded, ORIGINAL)
+    like_told(recorded, ORIGINAL)
     said = capsys.readouterr().err
     assert f"the DataLoader measured here is feedscope's recipe, not run {ORIGINAL}'s own" in said
     assert f"`probe migrate {ORIGINAL} --to dataloader` writes it" in said

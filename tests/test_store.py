@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import sqlite3
 from pathlib import Path
 
@@ -152,7 +153,7 @@ def test_a_schema_4_store_gains_the_synced_column_and_its_batches_read_as_synced
         store.add_batches("old-run", [BatchEvent(0, 1, 9, 0.1, 0.2, 8, False, 3, synced=False)])
         assert [e.synced for e in store.batches("old-run")] == [True, False]
     version = sqlite3.connect(path).execute("SELECT value FROM meta").fetchone()[0]
-    assert int(version) == SCHEMA_VERSION == 9
+    assert int(version) == SCHEMA_VERSION == 10
 
 
 def test_a_schema_8_store_gains_the_job_cores_figure_its_old_samples_without_it(
@@ -185,3 +186,15 @@ def test_a_schema_8_store_gains_the_job_cores_figure_its_old_samples_without_it(
         means = store.host_means("r1", "here", 0, 3 * second)
         assert means["job_cpu_pct"] == 90.0 and means["cpu_pct"] == 50.0
         assert [s.job_cpu_pct for s in store.host_samples("r1")] == [None, 90.0]
+
+
+def test_a_schema_9_store_gains_the_tune_sessions_table(tmp_path: Path) -> None:
+    recorded = Path(__file__).parent / "benchmarks" / "results" / "2026-11-28-shared-node"
+    path = Path(shutil.copy(recorded / "feedscope.db", tmp_path / "old.db"))
+    before = sqlite3.connect(path).execute("SELECT value FROM meta").fetchone()[0]
+    assert before == "9"
+    with Store(path) as store:
+        assert store.tunes() == []
+        assert store.runs()  # its runs kept
+    version = sqlite3.connect(path).execute("SELECT value FROM meta").fetchone()[0]
+    assert int(version) == SCHEMA_VERSION == 10

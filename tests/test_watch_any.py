@@ -111,7 +111,7 @@ def test_watch_of_any_iterable_works_everywhere(
 def test_a_starved_dali_iterator_is_told_in_dalis_terms(photos: Path, tmp_path: Path) -> None:
     """One DALI thread on two cores, decoding for a step of 2 ms: DALI's threads, not
     DataLoader workers, in its verdict and its first change, which the answer at exit prints."""
-    from probe.present.measuring import loader_answers
+    from probe.present.watching import loader_answers
 
     db = tmp_path / "store.db"
     for _ in watch(dali(photos), name="dali", db=db, answer=False):

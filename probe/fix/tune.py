@@ -32,7 +32,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import probe
 from pipelines import InputError
 from pipelines.errors import error_line
 from probe.fix.dali import DaliSetting, Unmovable, dali_module, files_name
@@ -123,11 +122,15 @@ def figures(trials: Sequence[Trial]) -> list[Figure]:
         measured = [t for t in trials if t.candidate == candidate and t.images_per_s]
         if not measured:
             continue
-        rate = sum(t.images_per_s or 0.0 for t in measured) / len(measured)
+        rates = [t.images_per_s or 0.0 for t in measured]
+        rate = sum(rates) / len(rates)
         errors = [t.error for t in measured]
         error = None
         if all(e is not None for e in errors):
             error = math.hypot(*(e or 0.0 for e in errors)) / len(measured)
+            # a setting's runs differ by more than each run's own error says (the GPU's clocks,
+            # the page cache): pooled, the error is at least half their spread
+            error = max(error, (max(rates) - min(rates)) / 2)
         runs = tuple(t.run_id for t in measured if t.run_id)
         out.append(Figure(candidate, rate, error, runs))
     return sorted(out, key=lambda f: -f.images_per_s)
@@ -197,8 +200,7 @@ class Job:
         """The job of a watched run.
 
         Raises:
-            InputError: not a watched run of `probe watch --`, or one that cannot run again
-                here (several nodes, a folder that is gone).
+            InputError: not a watched run of `probe watch --`, or one of several nodes.
         """
         command = document.config.get("command")
         if document.kind != "watch":
@@ -218,8 +220,6 @@ class Job:
                 "again on one node; tune it on one node's ranks, or measure each candidate with "
                 "`probe watch --loader` on every node"
             )
-        if not Path(command["cwd"]).is_dir():
-            raise InputError(f"the job's folder {command['cwd']} is not there to run it again")
         if document.pipeline != "torch":
             raise InputError(
                 f"run {document.run_id} watched a {document.pipeline} loader: probe tune swaps a "
@@ -244,6 +244,15 @@ class Job:
             label=(document.label or "train.py").split(" (")[0],
             recipe=recipe,
         )
+
+    def check(self) -> None:
+        """Refuses a job that cannot run again here.
+
+        Raises:
+            InputError: its folder is gone.
+        """
+        if not Path(self.cwd).is_dir():
+            raise InputError(f"the job's folder {self.cwd} is not there to run it again")
 
     def command(self, watch: Sequence[str]) -> list[str]:
         """The job's command under `probe watch` with the options `watch`: under torchrun when
@@ -386,6 +395,12 @@ class Tuning:
             tried: set[Candidate] = set()
             while len(self.trials) < self.trials_at_most:
                 candidate = next((c for c in queue if c not in tried), None)
+                if (
+                    candidate is None
+                    and self._close()
+                    and self.trials_at_most - len(self.trials) <= 2
+                ):
+                    break  # every start measured: the last two trials go to the close call
                 if candidate is None:
                     candidate = self._next(tried)
                 if candidate is None:
@@ -408,20 +423,27 @@ class Tuning:
                     return candidate
         return None
 
-    def _close_call(self) -> None:
-        """Where the best two are within their errors and trials are left, each once more,
-        the runner-up first."""
+    def _close(self) -> bool:
+        """Whether the best two measured are within their errors."""
         ranked = figures(self.trials)
-        if len(ranked) < 2 or apart(ranked[0], ranked[1]):
+        return len(ranked) > 1 and not apart(ranked[0], ranked[1])
+
+    def _close_call(self) -> None:
+        """Where the best two are within their errors and two trials are left, each once more
+        in turn, the runner-up first (their trials pooled); else a note that they are."""
+        ranked = figures(self.trials)
+        if not self._close():
             return
-        if self.trials_at_most - len(self.trials) < 2:
-            self.notes.append(
-                f"{ranked[0].candidate.label} and {ranked[1].candidate.label} are within their "
-                "errors; more trials (--trials) would measure them again"
-            )
-            return
-        for figure in (ranked[1], ranked[0]):
-            self._trial(figure.candidate)
+        if self.trials_at_most - len(self.trials) >= 2:
+            for figure in (ranked[1], ranked[0]):
+                self._trial(figure.candidate)
+            ranked = figures(self.trials)
+            if not self._close():
+                return
+        self.notes.append(
+            f"{ranked[0].candidate.label} and {ranked[1].candidate.label} are within their "
+            "errors: either serves; more trials (--trials) would measure them again"
+        )
 
     def _trial(self, candidate: Candidate) -> None:
         number = len(self.trials) + 1
@@ -453,7 +475,8 @@ def trial_text(trial: Trial) -> str:
         return f"{trial.status}: no batch measured ({trial.cause or 'none'})"
     error = "" if trial.error is None else f" ± {trial.error:,.0f}"
     stopped = " (stopped at its time limit)" if trial.status == "stopped" else ""
-    return f"{trial.images_per_s:,.0f}{error} images/s, run {trial.run_id}{stopped}"
+    short = f" ({trial.cause})" if trial.cause else ""
+    return f"{trial.images_per_s:,.0f}{error} images/s, run {trial.run_id}{stopped}{short}"
 
 
 def run_trial(tuning: Tuning, candidate: Candidate, label: str, log: Path) -> Trial:
@@ -473,7 +496,7 @@ def run_trial(tuning: Tuning, candidate: Candidate, label: str, log: Path) -> Tr
     if job.site is not None:
         watch += ["--at", job.site]
     env = dict(os.environ)
-    here = str(Path(probe.__file__).resolve().parents[1])  # this feedscope, for the job
+    here = str(Path(__file__).resolve().parents[2])  # this feedscope, for the job
     env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
     env["PYTHONUNBUFFERED"] = "1"
     if job.cuda_visible_devices is not None:
@@ -509,6 +532,8 @@ def run_trial(tuning: Tuning, candidate: Candidate, label: str, log: Path) -> Tr
         trial.images_per_s = trial.error = None
     elif not trial.batches:
         trial.cause = _cause(log, code) if code else "the job iterated no batch of its loader"
+    elif trial.batches < tuning.batches and status == "measured":
+        trial.cause = f"the job ended after {trial.batches} of the {tuning.batches} batches asked"
     return trial
 
 

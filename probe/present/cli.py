@@ -450,7 +450,9 @@ def watch(db: Path | None, name: str | None, warmup: str, sample_hz: float,
         swap = Swap(module, workers, _site(site), batches)
     elif site is not None or batches is not None:
         raise InputError("--at and --batches go with --loader or --workers")
-    return measuring.watch_script(command, db, name, warmup, sample_hz, metrics_port,
+    from probe.present.watching import watch_script
+
+    return watch_script(command, db, name, warmup, sample_hz, metrics_port,
                                   tensorboard, tensorboard_every, swap)  # fmt: skip
 
 

@@ -6,12 +6,10 @@ failed, EXIT_INTERRUPTED where it was stopped (what it recorded is kept).
 from __future__ import annotations
 
 import os
-import shlex
 import socket
-import sqlite3
 import time
 from collections.abc import Collection, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,38 +22,30 @@ from pipelines import (
     available_cpus,
     check_backend,
     check_device,
-    cpu_set_text,
     discover,
     keep_to_cores,
-    own_cores,
-    parse_cpu_set,
 )
 from pipelines.loader import cuda_device_count
 from probe.measure.bench import BenchResult
 from probe.measure.stop import Stop
-from probe.metrics import IMAGES_PER_S, counted
-from probe.present import console, tables, terminal
+from probe.metrics import counted
+from probe.present import console, terminal
 from probe.present.jsontext import json_text
+from probe.present.like_run import like_run, like_told
 from probe.present.options import (
     DOCTOR_CONSUMER,
     LaneArgs,
     PipelineArgs,
-    argv,
     check_budget,
-    copied_text,
     doctor_budget,
     doctor_consumer_note,
-    like_values,
     probe_config,
-    stand_in_step,
 )
 from probe.records import RunStatus
-from probe.store.connection import StoreBusy, StoreFailed
 from probe.store.db import Store
 from probe.store.documents import read_run
 
 if TYPE_CHECKING:
-    from probe.measure.autowatch import Swap
     from probe.measure.config import ProbeConfig  # imported where used: it brings torch
     from probe.measure.distributed import Ending, Rank
 
@@ -73,73 +63,6 @@ def _prepared(*args: Any, **kwargs: Any) -> tuple[ProbeConfig, Store, float]:
 
 BENCH_SCHEMA = "feedscope.bench/1"
 EXIT_FAILED, EXIT_INTERRUPTED = 1, 130
-
-
-@dataclass(frozen=True)
-class _Like:
-    """What `probe doctor --like` takes from a run: its whole id, the doctor's flags as it ran,
-    and how its stand-in's step was read where that needs saying (`StandIn.read`)."""
-
-    run_id: str
-    pipeline: PipelineArgs
-    lanes: LaneArgs
-    step_read: str | None
-
-
-def _like(
-    db: Path | None, wanted: str, pipeline: PipelineArgs, lanes: LaneArgs, given: Collection[str]
-) -> _Like:
-    """The run `wanted` names, as `probe show` reads it (`last`: a watched script's training
-    loader; a session: the run its figures come from), and the doctor's flags as it ran
-    (`like_values`) where `given` sets none, its step a watched job's (`stand_in_step`: under
-    DDP, its ranks' without their wait for each other); the first line says what it copied."""
-    from probe.judge.evidence import unwaited_step
-    from probe.judge.results import focus_run, resolve_subject
-
-    with Store(db, create=db is None) as store:
-        run = store.run(focus_run(store, resolve_subject(store, wanted)))
-        document = read_run(store, run.run_id)
-        loaders = store.loaders(run)
-        ranks = sum(1 for lane in document.lanes if lane.figures.batches)
-        across = store.batches_across(run.run_id) if run.kind == "watch" and ranks > 1 else []
-    step = stand_in_step(document, unwaited_step(across, ranks))
-    values = {k: v for k, v in like_values(document, step).items() if k not in given}
-    cores, here = values.get("cores"), own_cores()
-    kept = ""
-    if cores is not None and here is not None and not parse_cpu_set(cores) <= here:
-        kept = (
-            f"; its cores ({cores}) are not all this process's ({cpu_set_text(here)}): "
-            "measured on this process's own"
-        )
-        del values["cores"]
-    role = ""
-    if len(loaders) > 1:
-        role = f", the training loader of its {len(loaders)}"
-    named = f"{document.label}{role}" if document.label else role.lstrip(", ")
-    files = document.config.get("spec", {}).get("data_files")
-    console.err.print(
-        f"like run {document.run_id}{f' ({named})' if named else ''}: copied "
-        f"{copied_text(values, files)}{kept}"
-    )
-    console.err.print(f"  as: probe doctor {shlex.join(argv('doctor', values))}")
-    consumer = str(values.get("consumer", ""))
-    if step is not None and consumer.startswith("sleep:") and "@" not in consumer:
-        why = (
-            "its steps held the SMs all their time"
-            if step.lane.sm_active_source == "gpm"
-            else "its SM activity was not sampled (GPM)"
-        )
-        console.err.print(
-            f"{why}: the stand-in holds every SM for the whole step, and DALI's kernels wait "
-            "behind it (beside a 30 ms step on one H100, DALI gave 11% less than beside a step "
-            "busy for its measured share)"
-        )
-    return _Like(
-        document.run_id,
-        replace(pipeline, **{k: v for k, v in values.items() if hasattr(pipeline, k)}),
-        replace(lanes, **{k: v for k, v in values.items() if hasattr(lanes, k)}),
-        step.read if step is not None and "consumer" in values else None,  # not one given
-    )
 
 
 def exit_code(status: str) -> int:
@@ -261,7 +184,7 @@ def run(
         from probe.measure.live import require
 
         require("prometheus_client", "prometheus-client", "--metrics-port", "prometheus")
-        _check_port(metrics_port + (rank.local_rank if rank is not None else 0))
+        check_port(metrics_port + (rank.local_rank if rank is not None else 0))
     if rank is not None:
         return _run_ranked(rank, pipeline, lanes, as_json, db, backend, batches, duration, label,
                            gather=not no_gather, metrics_port=metrics_port)  # fmt: skip
@@ -465,7 +388,7 @@ def doctor(
 
     step_read = None
     if like is not None:
-        liked = _like(db, like, pipeline, lanes, given)
+        liked = like_run(db, like, pipeline, lanes, given)
         like, step_read = liked.run_id, liked.step_read
         pipeline, lanes = liked.pipeline, liked.lanes
     if lanes.cores is not None:  # before the budget and the lanes are planned on the cores
@@ -520,30 +443,9 @@ def doctor(
     else:
         console.print_session(session)
         if like is not None:
-            _recipe_told(db, like)
+            like_told(db, like)
         console.err.print(f"session {session.session_id}")
     return exit_code(session.status.value)
-
-
-def _recipe_told(db: Path | None, like: str) -> None:
-    """After a doctor measured like a watched DataLoader: its DataLoader was feedscope's recipe,
-    not the job's own loader; where the job's loader costs well more CPU an image, the recipe
-    as the job's change, with the figure measured here (`probe.judge.recipe`)."""
-    from probe.judge.changes import Knob
-    from probe.judge.diagnosis import diagnose_run
-
-    with Store(db, create=db is None) as store:
-        if store.run(like).kind != "watch":
-            return
-        recommendations = diagnose_run(store, like).recommendations
-    for recipe in recommendations:
-        if recipe.change.knob is Knob.RECIPE and recipe.predicted_images_per_s is not None:
-            shown = IMAGES_PER_S.cell(recipe.predicted_images_per_s, recipe.predicted_error)
-            console.err.print(
-                f"the DataLoader measured here is feedscope's recipe, not run {like}'s own "
-                f"loader: for the job, {recipe.setting}, predicted {shown} images/s "
-                f"({recipe.basis}); `probe migrate {like} --to dataloader` writes it"
-            )
 
 
 def _cores_per_lane(config: ProbeConfig) -> int:
@@ -599,7 +501,7 @@ def _share_list(text: str) -> list[float]:
     return values
 
 
-def _check_port(port: int) -> None:
+def check_port(port: int) -> None:
     """Refuses, before anything starts, a --metrics-port this machine will not give (taken,
     or privileged)."""
     import socket
@@ -610,86 +512,3 @@ def _check_port(port: int) -> None:
             sock.bind(("", port))
         except OSError as error:
             raise InputError(f"--metrics-port: port {port}: {error.strerror or error}") from None
-
-
-def watch_script(command: Sequence[str], db: Path | None, name: str | None, warmup: str,
-                 sample_hz: float, metrics_port: int | None, tensorboard: Path | None,
-                 tensorboard_every: int, swap: Swap | None = None) -> int:  # fmt: skip
-    """`probe watch -- SCRIPT ARGS`: runs the script with its loaders watched (its training
-    loader swapped where `swap` says); its exit code. Bad options, a missing script or a module
-    that cannot be imported are refused before it starts."""
-    from probe.measure.autowatch import Script, Watching, rerun_record, run_script
-    from probe.measure.distributed import torchrun_rank
-    from probe.measure.recording import Answer
-    from probe.measure.watch import Outlets
-
-    if warmup != "auto" and not warmup.isdigit():
-        raise InputError(f"--warmup {warmup}: a number of batches, or auto")
-    script = Script.of(command)
-    outlets = Outlets.checked(metrics_port, tensorboard, tensorboard_every)
-    rank = torchrun_rank()
-    if metrics_port is not None:
-        _check_port(metrics_port + (rank.local_rank if rank is not None else 0))
-    options = {"name": name, "db": db, "sample_hz": sample_hz,
-               "warmup": warmup if warmup == "auto" else int(warmup),
-               "command": rerun_record(command, rank)}  # fmt: skip
-    if swap is not None:
-        if swap.batches is not None and warmup == "auto":
-            raise InputError("--batches counts beyond a fixed --warmup: give --warmup N")
-        swap.warmup = 0 if warmup == "auto" else int(warmup)
-        swap.load()
-    watching = Watching(script, options, outlets, swap)
-    code = run_script(script, watching)
-    if Answer.first is not None and (rank is None or rank.rank == 0):  # one rank tells it
-        try:
-            lines = loader_answers(*Answer.first)
-        except (InputError, StoreBusy, StoreFailed, sqlite3.Error) as error:
-            lines = [f"no answer: the store could not be read: {error}"]
-        console.print_lines([f"feedscope: {line}" for line in lines])
-    return code
-
-
-# How long the answer at exit waits for the job's other ranks to end their lanes: a rank
-# that ended with the job writes its last rows and its lane within a writer's interval or two.
-RANKS_END_S = 5.0
-
-
-def loader_answers(db: Path | None, run_id: str) -> list[str]:
-    """The answer for each loader the process that watched `run_id` recorded, the training
-    loader first (`tables.loader_lines`). Under torchrun rank 0 tells it once its own lanes
-    have ended, often before the other ranks' have: it waits for them (`ranks_ended`), so
-    that a job that completed is told completed, as `probe show` tells it."""
-    from probe.judge.diagnosis import diagnose_run
-    from probe.store.documents import read_run
-
-    loaders = []
-    with Store(db) as store:
-        ranks_ended(store, [run.run_id for run in store.loaders(store.run(run_id))])
-        for run in store.loaders(store.run(run_id)):
-            diagnosis = diagnose_run(store, run.run_id)
-            loaders.append((read_run(store, run.run_id), diagnosis.verdict,
-                            diagnosis.recommendations, diagnosis.findings))  # fmt: skip
-    return tables.loader_lines(loaders)
-
-
-def ranks_ended(store: Store, run_ids: Sequence[str], within_s: float | None = None) -> bool:
-    """Waits, at most `within_s` (RANKS_END_S), until none of the runs of several ranks is
-    still running (every rank's lane ended and the run settled:
-    `probe.store.merge.settle_run`); returns whether they have ended. A run settled already
-    costs no wait, nor does one of a single process (its own end settled it, unless its store was
-    lost); one whose ranks do not end in time is told as it is then (`tables.loader_lines`
-    names the ranks still running)."""
-    deadline = time.monotonic() + (RANKS_END_S if within_s is None else within_s)
-    while True:
-        runs = [store.run(x) for x in run_ids]
-        running = [
-            run.run_id
-            for run in runs
-            if run.status is RunStatus.RUNNING and int(run.config.get("world_size") or 1) > 1
-        ]
-        if not running:
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.1)
-        run_ids = running

@@ -56,6 +56,7 @@ def tune(
         document = read_run(store, subject)
         path = store.path
     job = Job.of(document)
+    job.check()
     lane = document.lanes[0].figures if document.lanes else None
     per_batch = lane.seconds / lane.batches if lane is not None and lane.batches else None
     tune_id = "tune-" + time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(2)

@@ -37,26 +37,23 @@ from probe.store import rollups
 from probe.store.connection import BUSY_TIMEOUT_S, StoreBusy, StoreFailed, connect, default_db_path
 from probe.store.rollups import GPU, HOST, BatchTotals, Samples, Totals
 from probe.store.schema import (
+    BATCH_COLUMNS,
+    GPU_TABLE_COLUMNS,
+    HOST_COLUMNS,
+    LANE_CPU_COLUMNS,
     add_lanes,
     host_from_row,
     lane_from_row,
+    launch_from_row,
+    launch_row,
     run_from_row,
     run_row,
     session_from_row,
+    session_row,
+    tune_from_row,
+    tune_row,
 )
 
-BATCH_COLUMNS = (
-    "run_id", "lane", "idx", "t_ns", "wait_s", "step_s", "size", "warmup", "epoch", "synced"
-)  # fmt: skip
-GPU_TABLE_COLUMNS = ("run_id", "gpu_uuid", "t_ns", *GPU_COLUMNS)
-HOST_COLUMNS = (
-    "run_id", "hostname", "t_ns", "cpu_pct", "per_core", "iowait_pct", "steal_pct",
-    "disk_read_mib_s", "memory_used_mib", "tree_cpu_pct", "tree_processes", "job_cpu_pct",
-)  # fmt: skip
-LANE_CPU_COLUMNS = (
-    "run_id", "lane", "t_ns", "cpu_pct", "main_cpu_pct", "main_thread_cpu_pct", "processes",
-    "threads", "pss_mib", "worker_threads",
-)  # fmt: skip
 # The runs whose lanes are each written by a process of its own, a rank of a watched job under
 # torchrun: a rank that dies leaves its lane running, whatever became of the run's process (the
 # rank that created it). `probe.store.spool.mark_dead_ranks` ends such lanes; others, with their
@@ -135,23 +132,11 @@ class Store:
 
     def save_session(self, session: SessionRecord) -> None:
         """Writes a session (again: its document grows as its runs end)."""
-        with self.transaction() as db:
-            db.execute(
-                "INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    session.session_id, session.kind, session.created, session.status.value,
-                    session.reason, session.hostname, session.pid, json.dumps(session.document),
-                ),
-            )  # fmt: skip
+        self._save("sessions", session_row(session))
 
     def save_tune(self, tune: TuneRecord) -> None:
         """Writes a tune session (again: its document grows trial by trial)."""
-        with self.transaction() as db:
-            db.execute(
-                "INSERT OR REPLACE INTO tunes VALUES (?, ?, ?, ?, ?, ?)",
-                (tune.tune_id, tune.run_id, tune.created, tune.status.value, tune.reason,
-                 json.dumps(tune.document)),
-            )  # fmt: skip
+        self._save("tunes", tune_row(tune))
 
     def tunes(self, run_id: str | None = None) -> list[TuneRecord]:
         """The tune sessions (of `run_id` where given), newest first."""
@@ -159,35 +144,19 @@ class Store:
             "SELECT * FROM tunes WHERE ? IS NULL OR run_id = ? ORDER BY created DESC, tune_id DESC",
             (run_id, run_id),
         )
-        return [
-            TuneRecord(row["tune_id"], row["run_id"], row["created"], RunStatus(row["status"]),
-                       row["reason"], json.loads(row["document"]))
-            for row in rows
-        ]  # fmt: skip
+        return [tune_from_row(row) for row in rows]
 
     def save_launch(self, launch: LaunchRecord) -> None:
+        self._save("launches", launch_row(launch))
+
+    def _save(self, table: str, row: Sequence[Any]) -> None:
         with self.transaction() as db:
-            db.execute(
-                "INSERT OR REPLACE INTO launches VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    launch.launch_id, launch.command, json.dumps(launch.argv),
-                    json.dumps(launch.devices), launch.created, launch.pid, launch.status.value,
-                    launch.exit_code, launch.log_path, launch.ended,
-                ),
-            )  # fmt: skip
+            db.execute(f"INSERT OR REPLACE INTO {table} VALUES ({', '.join('?' * len(row))})", row)
 
     def launches(self) -> list[LaunchRecord]:
         """Every launch, newest first."""
         rows = self._db.execute("SELECT * FROM launches ORDER BY created DESC, launch_id DESC")
-        return [
-            LaunchRecord(
-                launch_id=row["launch_id"], command=row["command"], argv=json.loads(row["argv"]),
-                devices=json.loads(row["devices"]), created=row["created"], pid=row["pid"],
-                status=RunStatus(row["status"]), exit_code=row["exit_code"],
-                log_path=row["log_path"], ended=row["ended"],
-            )
-            for row in rows
-        ]  # fmt: skip
+        return [launch_from_row(row) for row in rows]
 
     def add_batches(self, run_id: str, events: Iterable[BatchEvent]) -> None:
         self.add_rows(run_id, batches=events)

@@ -11,11 +11,32 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
-from probe.metrics import GPU_METRICS
-from probe.records import HostSample, LaneRecord, RunRecord, RunStatus, SessionRecord
+from probe.metrics import GPU_COLUMNS, GPU_METRICS
+from probe.records import (
+    HostSample,
+    LaneRecord,
+    LaunchRecord,
+    RunRecord,
+    RunStatus,
+    SessionRecord,
+    TuneRecord,
+)
 from probe.store import rollups
 
 SCHEMA_VERSION = 10
+
+BATCH_COLUMNS = (
+    "run_id", "lane", "idx", "t_ns", "wait_s", "step_s", "size", "warmup", "epoch", "synced"
+)  # fmt: skip
+GPU_TABLE_COLUMNS = ("run_id", "gpu_uuid", "t_ns", *GPU_COLUMNS)
+HOST_COLUMNS = (
+    "run_id", "hostname", "t_ns", "cpu_pct", "per_core", "iowait_pct", "steal_pct",
+    "disk_read_mib_s", "memory_used_mib", "tree_cpu_pct", "tree_processes", "job_cpu_pct",
+)  # fmt: skip
+LANE_CPU_COLUMNS = (
+    "run_id", "lane", "t_ns", "cpu_pct", "main_cpu_pct", "main_thread_cpu_pct", "processes",
+    "threads", "pss_mib", "worker_threads",
+)  # fmt: skip
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -265,3 +286,34 @@ def lane_from_row(row: sqlite3.Row) -> LaneRecord:
         summary=None if row["summary"] is None else json.loads(row["summary"]),
         traceback=row["traceback"],
     )  # fmt: skip
+
+
+def tune_from_row(row: sqlite3.Row) -> TuneRecord:
+    return TuneRecord(row["tune_id"], row["run_id"], row["created"], RunStatus(row["status"]),
+                      row["reason"], json.loads(row["document"]))  # fmt: skip
+
+
+def launch_from_row(row: sqlite3.Row) -> LaunchRecord:
+    return LaunchRecord(
+        launch_id=row["launch_id"], command=row["command"], argv=json.loads(row["argv"]),
+        devices=json.loads(row["devices"]), created=row["created"], pid=row["pid"],
+        status=RunStatus(row["status"]), exit_code=row["exit_code"],
+        log_path=row["log_path"], ended=row["ended"],
+    )  # fmt: skip
+
+
+def session_row(session: SessionRecord) -> tuple[Any, ...]:
+    return (session.session_id, session.kind, session.created, session.status.value,
+            session.reason, session.hostname, session.pid,
+            json.dumps(session.document))  # fmt: skip
+
+
+def tune_row(tune: TuneRecord) -> tuple[Any, ...]:
+    return (tune.tune_id, tune.run_id, tune.created, tune.status.value, tune.reason,
+            json.dumps(tune.document))  # fmt: skip
+
+
+def launch_row(launch: LaunchRecord) -> tuple[Any, ...]:
+    return (launch.launch_id, launch.command, json.dumps(launch.argv),
+            json.dumps(launch.devices), launch.created, launch.pid, launch.status.value,
+            launch.exit_code, launch.log_path, launch.ended)  # fmt: skip
