@@ -353,3 +353,32 @@ def test_ctrl_c_ends_the_job_and_tune_and_keeps_what_was_measured(
     alive = subprocess.run(["pgrep", "-f", str(IMAGENET_SHAPED)], capture_output=True, text=True,
                            check=False)  # fmt: skip
     assert alive.stdout.strip() == ""  # the job ended with tune
+
+
+@pytest.mark.parametrize(
+    ("command", "said"),
+    [
+        (None, "recorded no command to run again (watched by watch() in its code"),
+        ({"nnodes": 2}, "ran on 2 nodes: probe tune runs a job again on one node"),
+        ({"cwd": "/no/such/folder"}, "the job's folder /no/such/folder is not there"),
+    ],
+)
+def test_a_job_tune_cannot_run_again_is_refused_in_one_line(
+    tmp_path: Path, watched: tuple[Path, str], command: dict[str, object] | None, said: str
+) -> None:
+    db = Path(str(tmp_path / "store.db"))
+    db.write_bytes(watched[0].read_bytes())
+    with sqlite3.connect(db) as raw:
+        (text,) = raw.execute("SELECT config FROM runs WHERE run_id = ?", (watched[1],)).fetchone()
+        config = json.loads(text)
+        if command is None:
+            del config["command"]
+        else:
+            config["command"].update(command)
+        raw.execute("UPDATE runs SET config = ? WHERE run_id = ?", (json.dumps(config), watched[1]))
+    done = probe_cli("tune", watched[1], "--db", db)
+    assert done.returncode == 2
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("error: ") and said in line, line
+    with Store(db) as store:
+        assert store.tunes() == []  # nothing started

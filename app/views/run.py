@@ -20,7 +20,7 @@ from probe.judge.diagnosis import RunDiagnosis
 from probe.metrics import DATA_WAIT, IMAGES_PER_S
 from probe.present import charts as figures
 from probe.present import launch
-from probe.present.offer import migrate_offer
+from probe.present.offer import migrate_offer, tune_line
 from probe.present.options import reproduce_command, watched_folder
 from probe.present.tables import (
     PIPELINE_ONLY_WAIT,
@@ -145,6 +145,9 @@ def migrate_lines(doc: RunDocument, recommendations: Sequence[Recommendation]) -
     """Where DALI or feedscope's DataLoader recipe is the answer for a watched DataLoader: the
     command that writes its loader, and the line of the script to change."""
     offer = migrate_offer(doc, recommendations)
+    tune = tune_line(doc)
+    if offer is None and tune and recommendations and recommendations[0].change.knob is not None:
+        st.caption(tune)
     if offer is not None:
         st.markdown(f"**Write this loader as {offer.what}**")
         st.code(offer.command, language="bash")

@@ -27,7 +27,7 @@ from probe.measure.bench import BenchResult, bench_pipeline, describe_settings
 from probe.measure.stop import Stop
 from probe.metrics import counted
 from probe.present import doctor_tables, tables, terminal
-from probe.present.offer import migrate_offer
+from probe.present.offer import offer_lines
 from probe.present.options import decimal
 from probe.present.progress import progress_line
 from probe.present.tables import run_notes
@@ -249,8 +249,7 @@ def print_run(document: RunDocument, diagnosis: RunDiagnosis) -> None:
             diagnosis.findings,
         )
     )
-    offer = migrate_offer(document, diagnosis.recommendations)
-    print_lines(offer.lines if offer else [])
+    print_lines(offer_lines(document, diagnosis.recommendations))
 
 
 def print_session(session: Session) -> None:

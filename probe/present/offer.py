@@ -113,3 +113,15 @@ def migrate_offer(
     except Unmovable:
         return None
     return None
+
+
+def offer_lines(document: RunDocument, recommendations: Sequence[Recommendation]) -> list[str]:
+    """What is offered after a watched loader's answer: the module that writes its fix and the
+    line to change, with `probe tune`; or where the first change is one of the job's own
+    settings (its num_workers), `probe tune` alone."""
+    offer = migrate_offer(document, recommendations)
+    if offer is not None:
+        return offer.lines
+    knob = recommendations[0].change.knob if recommendations else None
+    tune = tune_line(document)
+    return [tune] if knob is not None and tune else []

@@ -45,7 +45,7 @@ from probe.present.doctor_tables import (
     scaling_lines,
 )
 from probe.present.jsontext import json_text
-from probe.present.offer import migrate_offer
+from probe.present.offer import offer_lines
 from probe.present.options import reproduce_command
 from probe.present.tables import (
     ASIDE,
@@ -226,8 +226,8 @@ def markdown(report: Report) -> str:
         action = _md_prose(top.action)
         line = f"**Top recommendation**: `{_code(top.setting)}`: {action}"
         lines += [line + recommendation_rates(top, report.scope, report.agreed), ""]
-    offer = migrate_offer(doc, report.recommendations)
-    lines += [*(f"- {_md_prose(line)}" for line in offer.lines), ""] if offer else []
+    offered = offer_lines(doc, report.recommendations)
+    lines += [*(f"- {_md_prose(line)}" for line in offered), ""] if offered else []
     verify = None if report.session is None else report.session.verify
     if verify is not None and verify.outcome:  # the check changed or kept the answer: say so
         lines += [f"**Its verification**: {_md_prose(verify.outcome)}", ""]
@@ -396,9 +396,9 @@ def _recommendations_html(report: Report) -> str:
             + _grid(recommendation_grid(items))
             + f"<ol class=note>{notes}</ol>"
         )
-    offer = migrate_offer(report.run, report.recommendations)
-    if offer:
-        lines = "".join(f"<li>{_prose(line)}</li>" for line in offer.lines)
+    offered = offer_lines(report.run, report.recommendations)
+    if offered:
+        lines = "".join(f"<li>{_prose(line)}</li>" for line in offered)
         parts.append(f"<ul>{lines}</ul>")
     return "".join(parts)
 

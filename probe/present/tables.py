@@ -29,7 +29,7 @@ from probe.metrics import (
     counted,
     per_device,
 )
-from probe.present.offer import migrate_offer
+from probe.present.offer import offer_lines
 from probe.records import RunStatus
 from probe.store.documents import LaneDocument, RunBrief, RunDocument
 
@@ -548,8 +548,7 @@ def loader_lines(
         if recommendations:
             scope = job_scope(run_devices(document))
             lines.append(f"  first change: {recommendation_text(recommendations[0], scope)}")
-        offer = migrate_offer(document, recommendations)
-        lines += [f"  {line}" for line in offer.lines] if offer else []
+        lines += [f"  {line}" for line in offer_lines(document, recommendations)]
         lines.append(f"  probe show {document.run_id}")
     return lines
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from pipelines import InputError
 from probe.fix.tune import WARMUP, Job, Pick, Tuning, figures, trial_text
 from probe.judge.results import is_session_id, resolve_subject
+from probe.metrics import counted
 from probe.present import console
 from probe.present.measuring import EXIT_INTERRUPTED
 from probe.store.db import Store
@@ -65,10 +66,12 @@ def tune(
     about = ""
     if per_batch is not None:
         seconds = (WARMUP + batches) * per_batch + (lane.warmup_s if lane else 0.0)
-        about = f" for about {seconds:,.0f} s each (at most {trial_s:,.0f} s)"
+        about = (f" for about {seconds:,.0f} s each after its start-up (at most {trial_s:,.0f} "
+                 "s)")  # fmt: skip
     where = f" ({job.site})" if job.site else ""
     console.err.print(
-        f"probe tune: runs your job `{job.shown()}` in {job.cwd} up to {trials} times{about}, "
+        f"probe tune: runs your job `{job.shown()}` in {job.cwd} up to {counted(trials, 'time')}"
+        f"{about}, "
         f"{WARMUP} + {batches} batches each, with a candidate loader in place of its training "
         f"loader{where}; your script's files are not changed. Ctrl-C stops it."
     )
