@@ -144,12 +144,16 @@ def test_the_module_takes_the_setting_measured_like_the_job(recorded: Path) -> N
             0.65,
             "mixed",
         )
-        assert "doctor-20261127-053958-99f9, measured like this run: 2,861 images/s" in (
-            setting.source
+        assert (
+            "doctor-20261127-053958-99f9, measured like this run, on a stand-in for its step: "
+            "2,861 images/s" in setting.source
         )
         validation = setting_for(store, read_run(store, WATCHED_VAL))  # the same job's
         assert validation.num_threads == 11
-        assert f"measured like run {WATCHED}, this job's other loader" in validation.source
+        assert (
+            f"measured like run {WATCHED}, this job's other loader, on a stand-in for its step"
+            in validation.source
+        )
         given = setting_for(store, document, threads=4, hw_decoder_load=0.9)
         assert (given.num_threads, given.hw_decoder_load) == (4, 0.9)
         assert "given on the command line" in given.source

@@ -70,7 +70,10 @@ def test_the_answer_names_the_recipe_at_the_figure_measured_like_the_job(recorde
     # the doctor's epoch-by-epoch reading of its best setting: a job's for loop reads so
     assert first.predicted_images_per_s == epochs.images_per_s
     assert first.predicted_error == epochs.images_per_s_error
-    assert f"doctor session {DOCTOR} (measured like this run), read epoch by epoch" in first.basis
+    assert (
+        f"doctor session {DOCTOR} (measured like this run, on a stand-in for its step), read "
+        "epoch by epoch" in first.basis
+    )
     assert "of CPU an image on the job's files, where this loader costs 19.86 ms" in first.basis
     assert offer is not None and offer.command == (
         f"probe migrate {ORIGINAL} --to dataloader -o torch_train_loader.py"

@@ -519,7 +519,10 @@ def run_trial(tuning: Tuning, candidate: Candidate, label: str, log: Path) -> Tr
             raise
     trial = Trial(candidate, status=status, seconds=time.monotonic() - started)
     with Store(tuning.db) as store:
-        runs = [run for run in store.runs() if run.label == label]
+        # the loader swapped: the trial's run that recorded the swap (a script may iterate
+        # another loader first, whose run then holds the trial's plain label)
+        runs = [run for run in store.runs() if (run.label or "").split(" (loader ")[0] == label]
+        runs.sort(key=lambda run: not run.config.get("command", {}).get("swapped"))
         if runs:
             document = read_run(store, runs[0].run_id)
             trial.run_id = document.run_id

@@ -16,8 +16,9 @@ from probe.store.db import Store
 
 @dataclass(frozen=True)
 class LikeSession:
-    """A doctor session, and how it was measured for the run (`how`): "measured like this run",
-    "measured like run X, this job's other loader" or "measured on the same files"."""
+    """A doctor session, and how it was measured for the run (`how`): "measured like this run, on
+    a stand-in for its step", "measured like run X, this job's other loader, on a stand-in for its
+    step" or "measured on the same files"; not on the job itself (`probe tune` measures there)."""
 
     session: Session
     how: str
@@ -45,11 +46,10 @@ def like_session(
             elif same_files is None and folder and _data_dir(store, session) == folder:
                 same_files = session
     if like is not None:
-        how = (
-            "measured like this run"
-            if like.like == run.run_id
-            else f"measured like run {like.like}, this job's other loader"
+        which = (
+            "this run" if like.like == run.run_id else f"run {like.like}, this job's other loader"
         )
+        how = f"measured like {which}, on a stand-in for its step"
         return LikeSession(like, how)
     return None if same_files is None else LikeSession(same_files, "measured on the same files")
 
