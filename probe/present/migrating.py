@@ -18,7 +18,7 @@ from probe.fix.setting import PREFIXES, recorded_recipe, setting_for, torch_sett
 from probe.judge.results import is_session_id, resolve_subject
 from probe.present import console
 from probe.present.measuring import EXIT_FAILED
-from probe.present.offer import change_line, module_name, origin_of, script_of
+from probe.present.offer import change_line, module_name, origin_of, rerun_text
 from probe.present.stored import write_whole
 from probe.store.db import Store
 from probe.store.documents import read_run
@@ -82,9 +82,7 @@ def migrate(
     if written.keeps:
         console.err.print(f"it keeps the job's own {', '.join(written.keeps)}")
     console.err.print(change_line(document, output.stem, original=bool(written.keeps)))
-    console.err.print(
-        f"then check it on the job itself: `probe watch -- python {script_of(document)} ...`"
-    )
+    console.err.print(rerun_text(document, output.stem))
     return 0
 
 

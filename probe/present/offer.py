@@ -4,6 +4,7 @@ exit, in `probe show`, on the Run page and in the reports."""
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,8 +23,24 @@ def origin_of(document: RunDocument) -> str:
 
 
 def script_of(document: RunDocument) -> str:
-    """The watched script's name (its run's label names it: `train.py`, `train.py (loader 2)`)."""
-    return (document.label or "train.py").split(" (")[0]
+    """The watched script's file name: from the command the run recorded (`probe watch --`),
+    else its label (named after the script unless `--name` named it: `train.py`, `train.py
+    (loader 2)`)."""
+    argv = (document.config.get("command") or {}).get("argv") or []
+    script = next((Path(str(word)).name for word in argv if str(word).endswith(".py")), None)
+    return script or (document.label or "train.py").split(" (")[0]
+
+
+def rerun_text(document: RunDocument, module: str) -> str:  # `module`: the written file
+    """How to run the job with the module in place of its loader before a line changes
+    (`probe watch --loader`), where the run recorded its command; else how to watch it after."""
+    argv = (document.config.get("command") or {}).get("argv")
+    if not argv:
+        return f"then check it on the job itself: `probe watch -- python {script_of(document)} ...`"
+    return (
+        f"try it on the job before a line changes: `probe watch --loader {module} -- "
+        f"{shlex.join(map(str, argv))}`"
+    )
 
 
 def change_line(document: RunDocument, module: str, original: bool = False) -> str:

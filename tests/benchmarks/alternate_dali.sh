@@ -15,7 +15,7 @@ mkdir -p /tmp/work
 for setting in "$@"; do
   threads="${setting%:*}"; share="${setting#*:}"
   python3 -m probe migrate "$run" --to dali --threads "$threads" --hw-decoder-load "$share" \
-    -o "/tmp/work/alt_t${threads}_s${share/./}.py" --force > "$out/migrate-$setting.log" 2>&1
+    -o "/tmp/work/alt_t${threads}_s${share/./}.py" --force > "$out/migrate-t$threads-s$share.log" 2>&1
 done
 for round in $(seq "$rounds"); do
   for setting in "$@"; do
