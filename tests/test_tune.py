@@ -382,3 +382,16 @@ def test_a_job_tune_cannot_run_again_is_refused_in_one_line(
     assert line.startswith("error: ") and said in line, line
     with Store(db) as store:
         assert store.tunes() == []  # nothing started
+
+
+def test_a_swap_that_finds_no_loader_at_its_line_is_an_error(tmp_path: Path, folder: Path) -> None:
+    (tmp_path / "marker.py").write_text(MARKER)
+    done = run_captured(
+        [sys.executable, "-m", "probe", "watch", "--db", tmp_path / "store.db", "--loader",
+         tmp_path / "marker.py", "--at", "main.py:1", "--batches", "5", "--", "python",
+         IMAGENET_SHAPED, *script_args(folder, epochs=1)],
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 1
+    said = "error: nothing was swapped: the job iterated no loader at main.py:1"
+    assert said in done.stderr.splitlines() and "Traceback" not in done.stderr

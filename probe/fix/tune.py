@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipelines import InputError
+from pipelines import DaliOptions, InputError
 from pipelines.errors import error_line
 from probe.fix.dali import DaliSetting, Unmovable, dali_module, files_name
 from probe.fix.dataloader import TorchSetting, torch_module
@@ -124,13 +124,12 @@ def figures(trials: Sequence[Trial]) -> list[Figure]:
             continue
         rates = [t.images_per_s or 0.0 for t in measured]
         rate = sum(rates) / len(rates)
-        errors = [t.error for t in measured]
-        error = None
-        if all(e is not None for e in errors):
-            error = math.hypot(*(e or 0.0 for e in errors)) / len(measured)
+        errors = [t.error for t in measured if t.error is not None]
+        error = math.hypot(*errors) / len(errors) if errors else None
+        if len(rates) > 1:
             # a setting's runs differ by more than each run's own error says (the GPU's clocks,
             # the page cache): pooled, the error is at least half their spread
-            error = max(error, (max(rates) - min(rates)) / 2)
+            error = max(error or 0.0, (max(rates) - min(rates)) / 2)
         runs = tuple(t.run_id for t in measured if t.run_id)
         out.append(Figure(candidate, rate, error, runs))
     return sorted(out, key=lambda f: -f.images_per_s)
@@ -187,6 +186,7 @@ class Job:
     ranks: int  # on this node
     site: str | None  # FILE:LINE of the training loader's loop
     workers: int  # its own loader's
+    prefetch_factor: int | None  # its own loader's, which the recipe's module keeps
     on_gpu: bool
     label: str
     recipe: Mapping[str, Any] = field(default_factory=dict)
@@ -240,6 +240,7 @@ class Job:
             ranks=int(command.get("nproc_per_node") or 1),
             site=site,
             workers=int(loader.get("num_workers") or 0),
+            prefetch_factor=loader.get("prefetch_factor"),
             on_gpu=any(lane.gpu is not None for lane in document.lanes),
             label=(document.label or "train.py").split(" (")[0],
             recipe=recipe,
@@ -285,7 +286,13 @@ def starts(job: Job, store: Store) -> list[Candidate]:
         found = like_session(store, run, lambda s: s.dali is not None and bool(s.dali.images_per_s))
         dali = None if found is None else found.session.dali
         if dali is not None and (dali.decoder == "mixed") == job.on_gpu:
-            share = dali.hw_decoder_load if job.on_gpu else None
+            share = None
+            if job.on_gpu:
+                share = (
+                    DaliOptions.hw_decoder_load
+                    if dali.hw_decoder_load is None
+                    else dali.hw_decoder_load
+                )
             out.append(Candidate("dali", threads=dali.num_threads, share=share))
         elif job.on_gpu:  # the hardware decoder takes the JPEGs off the cores first
             out.append(Candidate("dali", threads=max(1, min(cores, 4) // 2), share=1.0))
@@ -353,7 +360,8 @@ def module_for(job: Job, candidate: Candidate, folder: Path) -> Path | None:
         )
         name = f"dali_t{candidate.threads}_s{round((candidate.share or 0) * 100)}"
     else:
-        setting = TorchSetting(candidate.workers or 0, source="probe tune's trial")
+        setting = TorchSetting(candidate.workers or 0, source="probe tune's trial",
+                               prefetch_factor=job.prefetch_factor)  # fmt: skip
         written = torch_module(job.recipe, setting, origin)
         name = f"torch_w{candidate.workers}"
     path = folder / f"{name}.py"
@@ -502,7 +510,9 @@ def run_trial(tuning: Tuning, candidate: Candidate, label: str, log: Path) -> Tr
     if job.cuda_visible_devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = job.cuda_visible_devices
     cores = set(job.cores) & os.sched_getaffinity(0) or os.sched_getaffinity(0)
-    status = "measured"
+    with Store(tuning.db) as store:
+        before = {run.run_id for run in store.runs()}
+    status, interrupted = "measured", False
     with open(log, "wb") as output:
         child = subprocess.Popen(
             job.command(watch), cwd=job.cwd, env=env, stdin=subprocess.DEVNULL, stdout=output,
@@ -515,24 +525,20 @@ def run_trial(tuning: Tuning, candidate: Candidate, label: str, log: Path) -> Tr
             status = "stopped"
             code = _stop(child)
         except KeyboardInterrupt:
-            _stop(child)
-            raise
-    trial = Trial(candidate, status=status, seconds=time.monotonic() - started)
-    with Store(tuning.db) as store:
-        # the loader swapped: the trial's run that recorded the swap (a script may iterate
-        # another loader first, whose run then holds the trial's plain label)
-        runs = [run for run in store.runs() if (run.label or "").split(" (loader ")[0] == label]
-        runs.sort(key=lambda run: not run.config.get("command", {}).get("swapped"))
-        if runs:
-            document = read_run(store, runs[0].run_id)
-            trial.run_id = document.run_id
-            trial.batches = sum(lane.figures.batches for lane in document.lanes)
-            if trial.batches:
-                trial.images_per_s = document.images_per_s
-                trial.error = document.images_per_s_error
+            status, interrupted = "interrupted", True
+            code = _stop(child)
+    trial = _measured(tuning, Trial(candidate, status=status), label, before)
+    trial.seconds = time.monotonic() - started
+    if interrupted:
+        tuning.trials.append(trial)  # what it measured kept with the session
+        raise KeyboardInterrupt
     if code != 0 and status != "stopped":
         trial.status, trial.cause = "failed", _cause(log, code)
         trial.images_per_s = trial.error = None
+    elif trial.run_id is None:
+        trial.status, trial.cause = "failed", _cause(log, code) if code else (
+            "no loader of the job was swapped: it iterated none at "
+            f"{job.site or 'the line its run recorded'}")  # fmt: skip
     elif not trial.batches:
         trial.cause = _cause(log, code) if code else "the job iterated no batch of its loader"
     elif trial.batches < tuning.batches and status == "measured":
@@ -540,16 +546,40 @@ def run_trial(tuning: Tuning, candidate: Candidate, label: str, log: Path) -> Tr
     return trial
 
 
+def _measured(tuning: Tuning, trial: Trial, label: str, before: set[str]) -> Trial:
+    """`trial` with the figures of its run: the one this trial made whose loader was swapped
+    (the job may iterate another loader first, whose run then holds the plain label)."""
+    with Store(tuning.db) as store:
+        runs = [
+            run for run in store.runs()
+            if run.run_id not in before and (run.label or "").split(" (loader ")[0] == label
+            and run.config.get("command", {}).get("swapped")
+        ]  # fmt: skip
+        if runs:
+            document = read_run(store, runs[0].run_id)
+            trial.run_id = document.run_id
+            # per rank: every rank stops at the same batch
+            trial.batches = min(lane.figures.batches for lane in document.lanes)
+            if trial.batches:
+                trial.images_per_s = document.images_per_s
+                trial.error = document.images_per_s_error
+    return trial
+
+
 def _stop(child: subprocess.Popen[bytes]) -> int:
-    """Stops a trial's job as Ctrl-C would (SIGINT to its processes), then kills it."""
+    """Stops a trial's job as Ctrl-C would (SIGINT to its processes), then kills what is left
+    of it after STOP_S (at once on a second Ctrl-C, raised on)."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(child.pid, signal.SIGINT)
     try:
         return child.wait(timeout=STOP_S)
-    except subprocess.TimeoutExpired:
+    except BaseException as error:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(child.pid, signal.SIGKILL)
-        return child.wait()
+        code = child.wait()
+        if not isinstance(error, subprocess.TimeoutExpired):
+            raise
+        return code
 
 
 def _cause(log: Path, code: int) -> str:

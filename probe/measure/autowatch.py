@@ -221,6 +221,11 @@ class Watching:
             return self._bounded(iter(watched), self.swap.warmup + self.swap.batches)
         return iter(watched)
 
+    @property
+    def swapped(self) -> bool:
+        """Whether a loader of the script was swapped."""
+        return self._swapped is not None
+
     def _bounded(self, batches: Iterator[Any], limit: int) -> Iterator[Any]:
         """The swapped loader's batches until `limit` in all, across its epochs; then the job
         ends (`TrialEnd`), once the step of the last one is done."""

@@ -9,8 +9,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipelines import InputError
 from probe.fix.dali import DaliSetting, Unmovable, dali_module
 from probe.fix.dataloader import TorchSetting, torch_module
+from probe.fix.tune import Job
 from probe.judge.changes import Knob, Recommendation
 from probe.store.documents import RunDocument
 
@@ -34,13 +36,23 @@ def script_of(document: RunDocument) -> str:
 def rerun_text(document: RunDocument, module: str) -> str:  # `module`: the written file
     """How to run the job with the module in place of its loader before a line changes
     (`probe watch --loader`), where the run recorded its command; else how to watch it after."""
-    argv = (document.config.get("command") or {}).get("argv")
-    if not argv:
+    job = _job(document)
+    if job is None:
         return f"then check it on the job itself: `probe watch -- python {script_of(document)} ...`"
+    launch = f"torchrun --nproc-per-node={job.ranks} -m " if job.ranks > 1 else ""
     return (
-        f"try it on the job before a line changes: `probe watch --loader {module} -- "
-        f"{shlex.join(map(str, argv))}`"
+        f"try it on the job before a line changes: `{launch}probe watch --loader {module} -- "
+        f"{shlex.join(job.argv)}`"
     )
+
+
+def _job(document: RunDocument) -> Job | None:
+    """The watched job as it can run again here (None: it cannot: no command recorded, several
+    nodes, not a DataLoader)."""
+    try:
+        return Job.of(document)
+    except InputError:
+        return None
 
 
 def change_line(document: RunDocument, module: str, original: bool = False) -> str:
@@ -90,7 +102,7 @@ class MigrateOffer:
 
 def tune_line(document: RunDocument) -> str | None:
     """`probe tune RUN`, offered for a watched job that recorded how to run it again."""
-    if document.kind != "watch" or not document.config.get("command"):
+    if _job(document) is None:
         return None
     return (
         f"measure it on your job itself before a line changes: `probe tune {document.run_id}` "
