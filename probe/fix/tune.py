@@ -406,7 +406,7 @@ class Tuning:
                 if (
                     candidate is None
                     and self._close()
-                    and self.trials_at_most - len(self.trials) <= 2
+                    and self.trials_at_most - len(self.trials) == 2
                 ):
                     break  # every start measured: the last two trials go to the close call
                 if candidate is None:

@@ -49,14 +49,10 @@ def watch_script(command: Sequence[str], db: Path | None, name: str | None, warm
         swap.load()
     watching = Watching(script, options, outlets, swap)
     code = run_script(script, watching)
-    if swap is not None and not watching.swapped:
-        where = (
-            "the first loader"
-            if swap.site is None
-            else f"a loader at {':'.join(map(str, swap.site))}"
-        )
-        console.err.print(f"error: nothing was swapped: the job iterated no {where}")
-        code = code or 1
+    if swap is not None and not watching.swapped and code == 0:
+        where = "" if swap.site is None else f" at {':'.join(map(str, swap.site))}"
+        console.err.print(f"error: nothing was swapped: the job iterated no loader{where}")
+        code = 1
     if Answer.first is not None and (rank is None or rank.rank == 0):  # one rank tells it
         try:
             lines = loader_answers(*Answer.first)
