@@ -395,3 +395,20 @@ def test_a_swap_that_finds_no_loader_at_its_line_is_an_error(tmp_path: Path, fol
     assert done.returncode == 1
     said = "error: nothing was swapped: the job iterated no loader at main.py:1"
     assert said in done.stderr.splitlines() and "Traceback" not in done.stderr
+
+
+def test_migrate_offers_the_job_with_the_module_before_a_line_changes(
+    tmp_path: Path, watched: tuple[Path, str]
+) -> None:
+    db = Path(str(tmp_path / "store.db"))
+    db.write_bytes(watched[0].read_bytes())
+    module = tmp_path / "torch_x.py"
+    done = probe_cli("migrate", watched[1], "--db", db, "--to", "dataloader", "-o", module)
+    assert done.returncode == 0, done.stderr
+    with Store(db) as store:
+        argv = store.run(watched[1]).config["command"]["argv"]
+    said = done.stderr.strip().splitlines()[-1]
+    assert said == (
+        f"try it on the job before a line changes: `probe watch --loader {module} -- "
+        f"{' '.join(argv)}`"
+    )

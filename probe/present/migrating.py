@@ -82,7 +82,7 @@ def migrate(
     if written.keeps:
         console.err.print(f"it keeps the job's own {', '.join(written.keeps)}")
     console.err.print(change_line(document, output.stem, original=bool(written.keeps)))
-    console.err.print(rerun_text(document, output.stem))
+    console.err.print(rerun_text(document, str(output)))
     return 0
 
 
