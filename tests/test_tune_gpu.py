@@ -137,3 +137,31 @@ def test_on_the_ddp_job_the_pick_and_the_fastest_setting_are_one_spread_apart(
                                            "share": 1.0}  # fmt: skip
     means = {setting: sum(rates) / len(rates) for setting, rates in runs.items()}
     assert abs(means["t4-s1.0"] / means["t3-s0.9"] - 1) <= 0.05, (means, runs)
+
+
+def test_a_budget_starts_no_trial_the_trials_so_far_say_would_pass_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first job's trials replayed on a clock that moves by each trial's recorded seconds
+    (45.7, 35.2, 33.0): with --budget 150, a fourth (about 38 s) would pass it."""
+    with Store(stored(tmp_path, "one")) as store:
+        _, recorded = trials_of(store)
+        job = Job.of(read_run(store, store.tunes()[0].run_id))
+    measured = {t.candidate: t for t in recorded}
+    clock = [0.0]
+
+    def replayed(tuning: Tuning, candidate: Candidate, label: str, log: Path) -> Trial:
+        clock[0] += measured[candidate].seconds
+        return measured[candidate]
+
+    monkeypatch.setattr(tune, "run_trial", replayed)
+    monkeypatch.setattr(tune.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(Tuning, "save", lambda self, status, reason: None)
+    tuning = Tuning(job, tmp_path / "store.db", tmp_path, "tune-replay-0001", budget_s=150,
+                    say=lambda _: None)  # fmt: skip
+    tuning.run()
+    assert len(tuning.trials) == 3 and clock[0] == pytest.approx(113.9, abs=0.05)
+    assert any(
+        note.startswith("the budget (150 s) left no time for another trial (each took about 38 s)")
+        for note in tuning.notes
+    ), tuning.notes

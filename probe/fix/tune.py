@@ -382,16 +382,19 @@ class Tuning:
     batches: int = BATCHES
     trial_s: float = TRIAL_S
     trials_at_most: int = TRIALS
+    budget_s: float | None = None  # the session's seconds (None: bounded by its trials alone)
     trials: list[Trial] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     say: Callable[[str], None] = print
     created: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    _started: float = field(default=0.0, init=False)
 
     def run(self) -> Pick | None:
         """Runs the trials; the answer (None: nothing measured). A Ctrl-C stops the trial under
         way and the session, what was measured kept (KeyboardInterrupt raised on)."""
         store_status = RunStatus.COMPLETED
         reason = None
+        self._started = time.monotonic()
         try:
             with Store(self.db) as store:
                 queue = starts(self.job, store)
@@ -411,7 +414,7 @@ class Tuning:
                     break  # every start measured: the last two trials go to the close call
                 if candidate is None:
                     candidate = self._next(tried)
-                if candidate is None:
+                if candidate is None or not self.fits(1):
                     break
                 tried.add(candidate)
                 self._trial(candidate)
@@ -422,6 +425,26 @@ class Tuning:
         finally:
             self.save(store_status, reason)
         return pick(self.trials)
+
+    def left_s(self) -> float:
+        """The seconds the budget leaves (infinite without one)."""
+        if self.budget_s is None:
+            return math.inf
+        return self.budget_s - (time.monotonic() - self._started)
+
+    def fits(self, count: int) -> bool:
+        """Whether `count` more trials fit the budget, each as long as the trials so far took
+        (said once where they do not)."""
+        if not self.trials:
+            return self.left_s() > 0
+        mean = sum(t.seconds for t in self.trials) / len(self.trials)
+        if count * mean <= self.left_s():
+            return True
+        said = f"the budget ({self.budget_s:g} s) left no time for"
+        if not any(note.startswith(said) for note in self.notes):
+            self.notes.append(f"{said} {'another trial' if count == 1 else f'{count} more trials'}"
+                              f" (each took about {mean:,.0f} s): --budget sets it")  # fmt: skip
+        return False
 
     def _next(self, tried: set[Candidate]) -> Candidate | None:
         """A neighbour not yet tried of the best measured, else of the next best."""
@@ -442,7 +465,7 @@ class Tuning:
         ranked = figures(self.trials)
         if not self._close():
             return
-        if self.trials_at_most - len(self.trials) >= 2:
+        if self.trials_at_most - len(self.trials) >= 2 and self.fits(2):
             for figure in (ranked[1], ranked[0]):
                 self._trial(figure.candidate)
             ranked = figures(self.trials)
@@ -520,7 +543,7 @@ def run_trial(tuning: Tuning, candidate: Candidate, label: str, log: Path) -> Tr
             preexec_fn=lambda: os.sched_setaffinity(0, cores),  # noqa: PLW1509 (no threads here)
         )  # fmt: skip
         try:
-            code = child.wait(timeout=tuning.trial_s)
+            code = child.wait(timeout=max(1.0, min(tuning.trial_s, tuning.left_s())))
         except subprocess.TimeoutExpired:
             status = "stopped"
             code = _stop(child)

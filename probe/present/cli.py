@@ -475,8 +475,11 @@ def _site(site: str | None) -> tuple[str, int] | None:
               "kept.")  # fmt: skip
 @click.option("--trials", type=click.IntRange(min=1), default=6, show_default=True,
               help="The most trials: runs of the job.")  # fmt: skip
+@click.option("--budget", type=click.FloatRange(min=10), default=None,
+              help="The session's seconds: no trial starts that would pass them, and one under "
+              "way at their end is stopped.  [default: bounded by --trials]")  # fmt: skip
 @click.argument("words", nargs=-1, type=click.UNPROCESSED)
-def tune(db: Path | None, batches: int, trial_s: float, trials: int,
+def tune(db: Path | None, batches: int, trial_s: float, trials: int, budget: float | None,
          words: tuple[str, ...]) -> int:  # fmt: skip
     """Measure each candidate loader on the watched job itself, before a line changes:
 
@@ -490,7 +493,7 @@ def tune(db: Path | None, batches: int, trial_s: float, trials: int,
 
     run_id = words[0] if len(words) == 1 and not _script_like(words[0]) else None
     command = () if run_id else words
-    return run_tune(db, run_id, command, batches, trial_s, trials)
+    return run_tune(db, run_id, command, batches, trial_s, trials, budget)
 
 
 def _script_like(word: str) -> bool:

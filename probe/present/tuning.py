@@ -29,6 +29,7 @@ def tune(
     batches: int,
     trial_s: float,
     trials: int,
+    budget_s: float | None = None,
 ) -> int:
     """Tunes the watched run `run_id`'s training loader on its job; or, given `command`,
     watches the job first and tunes the run it made. Exit 0 with an answer, 1 where no trial
@@ -75,7 +76,7 @@ def tune(
         f"{WARMUP} + {batches} batches each, with a candidate loader in place of its training "
         f"loader{where}; your script's files are not changed. Ctrl-C stops it."
     )
-    tuning = Tuning(job, path, folder, tune_id, batches, trial_s, trials,
+    tuning = Tuning(job, path, folder, tune_id, batches, trial_s, trials, budget_s,
                     say=console.err.print)  # fmt: skip
     try:
         answer = tuning.run()
