@@ -155,7 +155,7 @@ def test_a_budget_starts_no_trial_the_trials_so_far_say_would_pass_it(
         return measured[candidate]
 
     monkeypatch.setattr(tune, "run_trial", replayed)
-    monkeypatch.setattr(tune.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr("probe.fix.tune.time.monotonic", lambda: clock[0])
     monkeypatch.setattr(Tuning, "save", lambda self, status, reason: None)
     tuning = Tuning(job, tmp_path / "store.db", tmp_path, "tune-replay-0001", budget_s=150,
                     say=lambda _: None)  # fmt: skip

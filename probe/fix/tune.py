@@ -590,10 +590,12 @@ def _measured(tuning: Tuning, trial: Trial, label: str, before: set[str]) -> Tri
 
 
 def _stop(child: subprocess.Popen[bytes]) -> int:
-    """Stops a trial's job as Ctrl-C would (SIGINT to its processes), then kills what is left
-    of it after STOP_S (at once on a second Ctrl-C, raised on)."""
+    """Stops a trial's job: SIGINT to its first process (the script's, or torchrun, which stops
+    its ranks), as Ctrl-C stops a job in a terminal but without reaching its DataLoader workers
+    first (a worker that ends before the loop sees its interrupt reads as the loader failing);
+    then kills what is left of it after STOP_S (at once on a second Ctrl-C, raised on)."""
     with contextlib.suppress(ProcessLookupError):
-        os.killpg(child.pid, signal.SIGINT)
+        os.kill(child.pid, signal.SIGINT)
     try:
         return child.wait(timeout=STOP_S)
     except BaseException as error:
