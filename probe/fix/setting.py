@@ -9,6 +9,7 @@ from typing import Any
 from pipelines import DaliOptions, InputError
 from probe.fix.dali import DaliSetting
 from probe.fix.dataloader import TorchSetting
+from probe.fix.tune import Trial, figures
 from probe.judge.like import like_session
 from probe.judge.recipe import recipe_figure
 from probe.store.db import Store
@@ -48,8 +49,6 @@ def tuned(store: Store, run_id: str, kind: str) -> tuple[dict[str, Any], str, fl
     """The newest `probe tune` session of the run whose trials measured a `kind` candidate
     ("dali" or "recipe") best of its kind on the job: (the candidate, a sentence naming where it
     was measured, its images/s for the job); None where none did."""
-    from probe.fix.tune import Trial, figures  # here: tune imports this module's recipe reader
-
     for record in store.tunes(run_id):
         try:
             trials = [Trial.from_json(x) for x in record.document.get("trials", [])]

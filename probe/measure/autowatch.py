@@ -37,7 +37,7 @@ from typing import Any
 
 from pipelines import BackendUnavailable, InputError
 from probe.measure.recording import Answer
-from probe.measure.watch import Outlets, Watched, iterated_by_watch, unwatched
+from probe.measure.watch import Outlets, Watched, iterated_by_watch, leaving_alone, unwatched
 from probe.records import RunStatus
 
 
@@ -162,26 +162,14 @@ class _Swapped:
     def __iter__(self) -> Iterator[Any]:
         batches = unwatched(self.made)
         while True:
-            try:
-                batch = _leaving_alone(batches)
-            except StopIteration:
+            with leaving_alone():  # the first step starts the module's inner loader
+                batch = next(batches, _END)
+            if batch is _END:
                 return
             yield batch
 
 
-def _leaving_alone(batches: Iterator[Any]) -> Any:
-    """`next(batches)`, with the loaders it starts inside it left unwatched."""
-    return next(unwatched(_Once(batches)))
-
-
-class _Once:
-    """An iterable whose `iter()` takes one step of `batches`: `unwatched` marks that step."""
-
-    def __init__(self, batches: Iterator[Any]) -> None:
-        self.batches = batches
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter((next(self.batches),))
+_END = object()
 
 
 @dataclass

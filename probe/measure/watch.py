@@ -29,6 +29,7 @@ import threading
 import time
 import weakref
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -253,9 +254,17 @@ _inside = threading.local()  # a watched loader's own `iter()` is under way in t
 def unwatched(iterable: Iterable[T]) -> Iterator[T]:
     """`iter(iterable)`, known to be a watched loader's own: `probe watch`, which watches every
     loader a script iterates, leaves it to the `watch` already around it."""
+    with leaving_alone():
+        return iter(iterable)
+
+
+@contextmanager
+def leaving_alone() -> Iterator[None]:
+    """Marks this thread as inside a watched loader's own iteration while the block runs: the
+    loaders it starts meanwhile are that loader's, not the script's to watch."""
     _inside.on = True
     try:
-        return iter(iterable)
+        yield
     finally:
         _inside.on = False
 
