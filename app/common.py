@@ -15,6 +15,7 @@ from typing import Any
 import streamlit as st
 
 from probe import InputError
+from probe.fix.setting import tune_told
 from probe.judge.changes import Recommendation
 from probe.judge.diagnosis import RunDiagnosis, diagnose_run
 from probe.judge.results import Session, read_session
@@ -92,12 +93,18 @@ def run_view(db: str, run_id: str, version: str) -> dict[str, Any]:
             "diagnosis": diagnose_run(connection, run_id),
             "series": run_series(connection, run_id),
             "histogram": latency_histogram(connection, run_id),
+            "tuned": tune_told(connection, run_id),
         }
 
 
-def version_of(run: dict[str, Any]) -> str:
-    """What changes while a run goes on: its status and how far it got."""
-    return f"{run['status']}:{run.get('images_per_s')}"
+def version_of(run: dict[str, Any], db: str | None = None) -> str:
+    """What changes while a run goes on: its status and how far it got; with `db`, also the
+    sessions and tune sessions stored since, which measure a watched run's what-if."""
+    version = f"{run['status']}:{run.get('images_per_s')}"
+    if db is None:
+        return version
+    with Store(db) as store:
+        return f"{version}:{len(store.sessions())}:{len(store.tunes(run['run_id']))}"
 
 
 @st.cache_data(ttl=2, show_spinner=False)

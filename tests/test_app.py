@@ -36,7 +36,6 @@ from probe.present.charts import (
     slowest_line,
 )
 from probe.present.doctor_tables import dataloader_against_dali, doctor_lines
-from probe.present.doctor_tables import shown as shown_figure
 from probe.present.listing import run_rows, running_runs
 from probe.present.options import CPU_BATCH_SIZE, GPU_BATCH_SIZE, doctor_consumer_note
 from probe.present.tables import (
@@ -437,7 +436,7 @@ def test_the_session_page_gives_the_doctors_answer_and_its_curve(
         figure = IMAGES_PER_S.cell(top.predicted_images_per_s, top.predicted_error)
         assert metrics["yours, the answer"] == figure and "yours" not in metrics
     else:  # yours as the session's pages give it: its runs in alternation pooled, if any
-        mine = shown_figure(session, f"num_workers={yours['num_workers']}")
+        mine = session.shown(f"num_workers={yours['num_workers']}")
         assert mine is not None and metrics["yours"] == IMAGES_PER_S.cell(
             mine.images_per_s, mine.error
         )
@@ -455,7 +454,7 @@ def test_the_session_page_gives_the_doctors_answer_and_its_curve(
         assert values(marked[0]["x"]) == [doctor["knee"]["num_workers"]]
     if dali["images_per_s"] is not None:  # at the figure of its tile
         assert session.dali is not None
-        theirs = shown_figure(session, session.dali.change.setting)
+        theirs = session.shown(session.dali.change.setting)
         assert theirs is not None
         pooled = "" if len(theirs.run_ids) == 1 else f" ({len(theirs.run_ids)} runs pooled)"
         line = f"{dali['setting']}{pooled}: {theirs.images_per_s:,.0f} images/s"
@@ -606,7 +605,7 @@ def test_compare_puts_dataloader_and_dali_runs_side_by_side(
         assert session.dali is not None
         assert f"as doctor session {doctor['session_id']} measured them" in line
         assert f": {told}." in line  # its figures as its Session page gives them (`shown`)
-        theirs = shown_figure(session, session.dali.change.setting)
+        theirs = session.shown(session.dali.change.setting)
         assert theirs is not None
         assert f"{session.dali.change.setting.removeprefix('DALI ')}, {theirs.text}" in line
         at.multiselect(key="compare-runs").set_value(doctor["run_ids"]).run()  # all of them

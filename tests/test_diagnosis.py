@@ -544,8 +544,12 @@ def test_doctor_on_a_small_budget(tmp_path: Path, photos: Path) -> None:
         assert store.session(document["session_id"]).document == document
     verify, top = document["verify"], document["recommendations"][0]
     if verify is not None and verify["agrees"] and top["setting"] == verify["setting"]:
-        assert top["measured_images_per_s"] == verify["measured_images_per_s"]
-        assert verify["predicted_images_per_s"] == top["predicted_images_per_s"]
+        if len(verify["in_turn"]) >= 2:  # the pairs are its check: their figure is its one
+            assert top["predicted_images_per_s"] == pytest.approx(verify["measured_images_per_s"])
+            assert top["measured_images_per_s"] is None
+        else:
+            assert top["measured_images_per_s"] == verify["measured_images_per_s"]
+            assert verify["predicted_images_per_s"] == top["predicted_images_per_s"]
     shown = probe("show", document["session_id"], "--db", db)
     assert shown.returncode == 0
     assert "verdict:" in shown.stdout

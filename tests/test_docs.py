@@ -11,10 +11,105 @@ from helpers import probe_cli, solid, write_jpeg
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
+RESULTS = ROOT / "tests" / "benchmarks" / "results"
+RESULTS_README = RESULTS / "README.md"
+# The newcomer's path from a watched job to its fix, each step a command of the landing page.
+WATCH_TO_FIX = ["probe watch --", "probe show last", "probe doctor --like RUN", "probe tune RUN"]
+WATCH_TO_FIX += ["probe migrate RUN", "probe migrate RUN --to dataloader", "probe watch --loader"]
 
 
 def bash_blocks() -> list[str]:
     return [block.strip() for block in re.findall(r"```bash\n(.*?)```", README, re.DOTALL)]
+
+
+def prose(markdown: str) -> str:
+    """The text outside fenced code blocks and inline code, where headings and links live."""
+    text = re.sub(r"^```.*?^```[ \t]*$", "", markdown, flags=re.DOTALL | re.MULTILINE)
+    return re.sub(r"`[^`\n]*`", "", text)
+
+
+def anchors(markdown: str) -> set[str]:
+    """The #anchors GitHub gives the headings: lower case, punctuation dropped, spaces to
+    hyphens, a repeated one numbered."""
+    text = re.sub(r"^```.*?^```[ \t]*$", "", markdown, flags=re.DOTALL | re.MULTILINE)
+    seen: dict[str, int] = {}
+    found = set()
+    for heading in re.findall(r"^#{1,6} +(.+?) *#* *$", text, re.MULTILINE):
+        slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        found.add(slug if slug not in seen else f"{slug}-{seen[slug]}")
+        seen[slug] = seen.get(slug, 0) + 1
+    return found
+
+
+def relative_links(markdown: str) -> list[str]:
+    """Every link target that is not a web address: inline links and reference definitions."""
+    text = prose(markdown)
+    targets = re.findall(r"\[[^\]]*\]\(([^)\s]+)\)", text)
+    targets += re.findall(r"^\[[^\]]+\]:\s*(\S+)", text, re.MULTILINE)
+    return [target for target in targets if not re.match(r"[a-z][a-z0-9+.-]*:", target)]
+
+
+def broken_links(markdown: str, folder: Path) -> list[str]:
+    """The relative links of a Markdown file in `folder` whose file or #anchor is not there."""
+    broken = []
+    for target in relative_links(markdown):
+        path, _, anchor = target.partition("#")
+        file = (folder / path).resolve() if path else None
+        if file is not None and not file.exists():
+            broken.append(target)
+        elif anchor:
+            text = markdown if file is None else file.read_text() if file.is_file() else ""
+            if anchor not in anchors(text):
+                broken.append(target)
+    return broken
+
+
+def sections(markdown: str) -> dict[str, str]:
+    """Each `## ` section's text by its heading (the text before the first one left out)."""
+    parts = re.split(r"^## +(.+)$", markdown, flags=re.MULTILINE)
+    return dict(zip(parts[1::2], parts[2::2], strict=True))
+
+
+def tables(markdown: str) -> int:
+    """How many Markdown tables: their header's separator rows, outside code blocks."""
+    text = re.sub(r"^```.*?^```[ \t]*$", "", markdown, flags=re.DOTALL | re.MULTILINE)
+    row = r"^ *\|? *:?-{3,}:? *(\| *:?-{3,}:? *)+\|? *$"
+    return len(re.findall(row, text, re.MULTILINE))
+
+
+def test_the_readme_is_a_landing_page_under_700_lines() -> None:
+    assert len(README.splitlines()) < 700
+
+
+def test_the_path_from_watch_to_the_fix_is_in_the_first_150_lines() -> None:
+    start = "\n".join(README.splitlines()[:150])
+    blocks = re.findall(r"```bash\n(.*?)```", start, re.DOTALL)
+    lines = [line.split("#")[0].strip() for block in blocks for line in block.splitlines()]
+    missing = [step for step in WATCH_TO_FIX if not any(line.startswith(step) for line in lines)]
+    assert missing == []
+
+
+def test_the_readme_links_the_measured_results_and_holds_none_of_them() -> None:
+    start = "\n".join(README.splitlines()[:20])
+    assert "](tests/benchmarks/results/README.md)" in start
+    assert not re.search(r"^#+ +Measured", README, re.MULTILINE)
+    assert "## Commands" in README and tables(README.split("## Commands")[0]) == 0
+
+
+def test_every_relative_link_in_the_readme_resolves() -> None:
+    assert relative_links(README), "the README links its sections and the results"
+    assert broken_links(README, ROOT) == []
+
+
+def test_each_measured_case_is_one_section_with_one_table() -> None:
+    results = RESULTS_README.read_text()
+    cases = sections(results)
+    assert len(cases) >= 10
+    assert {heading: tables(text) for heading, text in cases.items() if tables(text) != 1} == {}
+    assert broken_links(results, RESULTS) == []
+    linked = {Path(target.split("#")[0]).parts[0] for target in relative_links(results)}
+    folders = {path.name for path in RESULTS.iterdir() if path.is_dir()}
+    assert folders - linked == set(), "every case's folder has its section"
 
 
 def test_the_two_set_up_commands_come_first_and_ci_runs_the_test_command() -> None:

@@ -151,15 +151,20 @@ def test_a_change_its_verification_measures_lower_but_still_better_stays(
 ) -> None:
     """Read at 75%, the change's runs disagree with its prediction, yet in alternation with
     yours they still beat it: the change stays the answer, measured again (not "verified"), its
-    prediction as first made and its runs beside it."""
+    figure its runs in alternation, its prediction as first made said beside it."""
     document = doctor_whose_verification_reads(0.75, photos, tmp_path / "s.db", monkeypatch)
     verify = document["verify"]
     assert verify is not None and verify["agrees"] is False, document["reason"]
     assert verify["verified"] is False
     top = document["recommendations"][0]
     assert top["setting"] == verify["setting"] != "num_workers=0"
-    assert top["predicted_images_per_s"] == verify["predicted_images_per_s"]
-    assert top["measured_images_per_s"] == pytest.approx(verify["measured_images_per_s"])
+    # its figure is its runs in alternation pooled, the first prediction said as what it was:
+    # the pairs are its check, and it has none of its own
+    assert top["predicted_images_per_s"] == pytest.approx(verify["measured_images_per_s"])
+    assert top["measured_images_per_s"] is None
+    assert top["basis"].startswith("measured in alternation with num_workers=0")
+    first = f"{verify['predicted_images_per_s']:,.0f}"
+    assert f"(first {first}" in top["basis"], top["basis"]
     runs = [run["setting"] for run in verify["in_turn"]]
     assert runs[:2] == [verify["setting"], "num_workers=0"], runs
     assert "it stays the answer" in verify["outcome"]

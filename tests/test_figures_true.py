@@ -22,7 +22,7 @@ from streamlit.testing.v1 import AppTest
 
 from probe.judge.results import Session
 from probe.metrics import counted
-from probe.present.doctor_tables import dataloader_against_dali, doctor_lines, shown
+from probe.present.doctor_tables import dataloader_against_dali, doctor_lines
 from probe.present.tables import verification_summary
 from probe.records import RunStatus, SessionRecord
 from probe.store.db import Store
@@ -61,15 +61,14 @@ def test_each_run_named_beside_a_figure_measured_it() -> None:
     figures = run_figures(document)
     text = "\n".join(doctor_lines(Session.from_json(document)))
     quoted = QUOTED.findall(text)
-    assert len(quoted) >= 12  # the sweep's, DALI's, the runs in alternation
+    assert len(quoted) >= 10  # the sweep's, DALI's, the runs in alternation
     for figure, run_id in quoted:
         assert figure == f"{figures[run_id]:,.0f}", (figure, run_id)
     verify = document["verify"]
     pooled = (
         f"{verify['measured_images_per_s']:,.0f} ± {verify['measured_images_per_s_error']:,.0f}"
     )
-    assert f"measured {pooled} images/s (" in text
-    assert "the mean of its 5 runs below" in text  # and which: the five listed under it
+    assert f"measured {pooled} images/s, the mean of its 5 runs in alternation (" in text
 
 
 def test_verified_only_over_a_verification_that_held() -> None:
@@ -77,28 +76,27 @@ def test_verified_only_over_a_verification_that_held() -> None:
     it" over a miss of -10.7%: the summary says "verified" only where the verification held."""
     session = Session.from_json(recorded())
     assert session.verify is not None and session.verify.verified
-    assert verification_summary(session) == "the first one verified"
+    pairs = "recommendations 1 and 2 measured in alternation, the pairs their check"
+    assert verification_summary(session) == pairs
     missed = replace(session.verify, agrees=False)
-    dali_first = replace(
-        session, recommendations=session.recommendations[::-1], verify=missed
-    )  # the verification re-ran recommendation 2, the first measured beside it
-    assert verification_summary(dali_first) == (
-        "recommendation 2 measured again, and the first one measured again beside it"
-    )
+    dali_first = replace(session, recommendations=session.recommendations[::-1], verify=missed)
+    assert verification_summary(dali_first) == pairs  # neither went unchecked
     assert "verified" not in "\n".join(doctor_lines(dali_first))
+    alone = replace(session, verify=replace(missed, in_turn=()))  # one run again, no pair
+    assert verification_summary(alone) == "the first one measured again"
 
 
 def test_a_setting_measured_in_alternation_is_shown_as_its_runs_pooled() -> None:
     session = Session.from_json(recorded())
     assert session.verify is not None and session.dali is not None
-    loader = shown(session, "num_workers=2")
-    dali = shown(session, session.dali.change.setting)
+    loader = session.shown("num_workers=2")
+    dali = session.shown(session.dali.change.setting)
     assert loader is not None and dali is not None
     assert loader.images_per_s == pytest.approx(session.verify.measured_images_per_s)
     assert len(loader.run_ids) == len(dali.run_ids) == 5
     assert loader.source == "the mean of its 5 runs in alternation"
-    assert shown(session, "num_workers=1") is not None  # a point of the sweep: its one run
-    one = shown(session, "num_workers=1")
+    assert session.shown("num_workers=1") is not None  # a point of the sweep: its one run
+    one = session.shown("num_workers=1")
     assert one is not None and one.source.startswith("run ")
 
 
@@ -157,7 +155,7 @@ def test_the_tiles_show_one_figure_a_setting(
     assert tiles["yours, the answer"] == mine  # its 5 runs in alternation pooled
     session = Session.from_json(document)
     assert session.dali is not None
-    dali = shown(session, session.dali.change.setting)
+    dali = session.shown(session.dali.change.setting)
     assert dali is not None and len(dali.run_ids) == 5
     assert tiles["DALI"] == f"{dali.images_per_s:,.0f} ± {dali.error:,.0f}"
     told = dataloader_against_dali(session)  # the comparison's two figures are the tiles'
@@ -195,7 +193,7 @@ def test_a_session_recorded_with_its_pairs_says_each_figure_once() -> None:
     assert text.count(session.verify.outcome) == 1
     figures = run_figures(document)
     quoted = QUOTED.findall(text)
-    assert len(quoted) >= 12
+    assert len(quoted) >= 11
     for figure, run_id in quoted:
         assert figure == f"{figures[run_id]:,.0f}", (figure, run_id)
     assert session.verify.ratio is not None and session.verify.ratio_over == "num_workers=2"

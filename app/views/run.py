@@ -141,12 +141,15 @@ def like_offer(doc: RunDocument) -> None:
         st.switch_page("views/live.py")
 
 
-def migrate_lines(doc: RunDocument, recommendations: Sequence[Recommendation]) -> None:
+def migrate_lines(
+    doc: RunDocument, recommendations: Sequence[Recommendation], tuned: str | None = None
+) -> None:
     """Where DALI or feedscope's DataLoader recipe is the answer for a watched DataLoader: the
     command that writes its loader, and the line of the script to change."""
-    offer = migrate_offer(doc, recommendations)
-    tune = tune_line(doc)
-    if offer is None and tune and recommendations and recommendations[0].change.knob is not None:
+    offer = migrate_offer(doc, recommendations, tuned)
+    tune = tune_line(doc, tuned)
+    knob = recommendations[0].change.knob if recommendations else None
+    if offer is None and tune and (knob is not None or tuned):
         st.caption(tune)
     if offer is not None:
         st.markdown(f"**Write this loader as {offer.what}**")
@@ -166,14 +169,19 @@ def main() -> None:
         return
     run_id = common.pick(rows, "run", describe)
     row = next(r for r in rows if r["run_id"] == run_id)
-    version = common.version_of(row)
+    version = common.version_of(row, str(db))
     view = common.run_view(db, run_id, version)
     doc = view["document"]
     header(doc)
     diagnosis(view["diagnosis"], row["session_id"], job_scope(run_devices(doc)))
     if doc.kind == "watch":
-        like_offer(doc)
-        migrate_lines(doc, view["diagnosis"].recommendations)
+        what_if = view["diagnosis"].what_if
+        if what_if is None:
+            like_offer(doc)
+        else:  # measured already: quoted, not offered again
+            st.markdown("**The changes, measured on this job's own files**")
+            st.caption(common.markdown_text(what_if))
+        migrate_lines(doc, view["diagnosis"].recommendations, view["tuned"])
 
     series = view["series"]
     if series is None or not any(lane.t_s for lane in series.lanes):

@@ -14,16 +14,14 @@ import streamlit as st
 
 from app import common
 from probe.judge.changes import workers
-from probe.judge.results import Session, SessionKind
+from probe.judge.results import Session, SessionKind, Shown
 from probe.metrics import DATA_WAIT, IMAGES_PER_S, counted
 from probe.present import charts as figures
 from probe.present.doctor_tables import (
-    Shown,
     dali_grid,
     doctor_notes,
     scaling_grid,
     scaling_lines,
-    shown,
 )
 from probe.present.tables import (
     curve_lines,
@@ -64,13 +62,12 @@ def answer(session: Session) -> None:
     top = session.recommendations[0] if session.recommendations else None
     scope = job_scope(session.devices)  # whose images/s: the job's, on several lanes
     agreed = session.verify is None or session.verify.verified
-    # one figure a setting: the settings measured in alternation their runs pooled (`shown`),
-    # "no change" one tile (yours: pooled so, else as the answer predicts it), and the best is
-    # not yours again
+    # one figure a setting: the settings measured in alternation their runs pooled
+    # (`Session.shown`, the answer's too), "no change" one tile, and the best is not yours again
     kept = top is not None and yours is not None and top.change == workers(yours.setting)
     cols = st.columns(4)
     if yours is not None and not kept:
-        mine = shown(session, workers(yours.setting).setting)
+        mine = session.shown(workers(yours.setting).setting)
         assert mine is not None  # measured
         tile(
             cols[0], "yours", f"num_workers={yours.setting}", cell(mine),
@@ -78,14 +75,14 @@ def answer(session: Session) -> None:
             f"{DATA_WAIT.text(yours.data_wait_frac)} (run {yours.run_id})",
         )  # fmt: skip
     if best is not None and yours is not None and best.setting != yours.setting:
-        theirs = shown(session, workers(best.setting).setting)
+        theirs = session.shown(workers(best.setting).setting)
         assert theirs is not None  # measured
         tile(
             cols[1], "best DataLoader", f"num_workers={best.setting}", cell(theirs),
             help=f"images/s{scope}, the best setting the doctor measured; {theirs.source}",
         )  # fmt: skip
     if dali is not None:
-        measured = shown(session, dali.change.setting) if dali.judged else None
+        measured = session.shown(dali.change.setting) if dali.judged else None
         tile(
             cols[2], "DALI", f"{dali.decoder} decoder, {counted(dali.num_threads, 'thread')}"
             + ("" if dali.hw_decoder_load is None else f", share {dali.hw_decoder_load:g}"),
@@ -95,11 +92,7 @@ def answer(session: Session) -> None:
         )  # fmt: skip
     if top is not None and top.predicted_images_per_s is not None:
         figure = IMAGES_PER_S.cell(top.predicted_images_per_s, top.predicted_error)
-        what = f"images/s{scope} predicted ({top.basis})"
-        again = shown(session, top.change.setting) if kept else None
-        if again is not None and yours is not None and again.run_ids != (yours.run_id,):
-            predicted = IMAGES_PER_S.text(top.predicted_images_per_s, top.predicted_error)
-            figure, what = cell(again), f"images/s{scope}, {again.source}; predicted {predicted}"
+        what = f"images/s{scope} predicted ({top.basis})"  # its runs in alternation, if any
         tile(
             cols[3] if not kept else cols[0],
             "yours, the answer" if kept else "recommended", top.setting, figure,

@@ -63,6 +63,32 @@ def tuned(store: Store, run_id: str, kind: str) -> tuple[dict[str, Any], str, fl
     return None
 
 
+def tune_told(store: Store, run_id: str) -> str | None:
+    """What the newest `probe tune` session of the run measured on the job itself: its best
+    candidate against the job's own loader, each its trials pooled (None: no tune session
+    measured one)."""
+    for record in store.tunes(run_id):
+        try:
+            trials = [Trial.from_json(x) for x in record.document.get("trials", [])]
+        except (KeyError, TypeError):  # written unlike this one
+            continue
+        measured = figures(trials)
+        if not measured:
+            continue
+        best = measured[0]
+        yours = next((f for f in measured if f.candidate.kind == "yours"), None)
+        against = "" if yours is None or yours is best else (
+            f", yours {yours.text()} ({best.images_per_s / yours.images_per_s:.2f}x)"
+        )  # fmt: skip
+        write = best.candidate.migrate(run_id)
+        return (
+            f"measured on the job itself, tune session {record.tune_id}: the best, "
+            f"{best.candidate.label}, {best.text()}{against}"
+            + ("" if write is None else f"; `{write}` writes it")
+        )
+    return None
+
+
 def setting_for(
     store: Store,
     document: RunDocument,
@@ -91,15 +117,19 @@ def setting_for(
         )
     elif found is not None and found.session.dali is not None:
         chosen, how, dali = found.session, found.how, found.session.dali
-        rate = f"{dali.images_per_s:,.0f} images/s" if dali.images_per_s else "no rate"
+        figure = chosen.shown(dali.change.setting)  # the one its answer weighed
+        lanes = chosen.lanes or 1
+        device = "GPU" if any(d.startswith("cuda") for d in chosen.devices) else "lane"
+        whose = "" if lanes == 1 else f" for the job's {lanes} {device}s"
+        rate = "no rate" if figure is None else f"{figure.text}{whose} ({figure.source})"
         base = DaliSetting(
             num_threads=dali.num_threads,
             hw_decoder_load=DaliOptions.hw_decoder_load
             if dali.hw_decoder_load is None
             else dali.hw_decoder_load,
             decoder=dali.decoder,
-            source=f"doctor session {chosen.session_id}, {how}: {rate} per GPU",
-            predicted_images_per_s=dali.images_per_s,
+            source=f"doctor session {chosen.session_id}, {how}: {rate}",
+            predicted_images_per_s=None if figure is None else figure.images_per_s,
         )
     else:
         base = DaliSetting(

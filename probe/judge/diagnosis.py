@@ -10,10 +10,11 @@ from typing import Any
 
 from pipelines import InputError
 from probe.judge.across_lanes import held_lanes, judge_lanes
-from probe.judge.changes import Recommendation
+from probe.judge.changes import Knob, Recommendation
 from probe.judge.evidence import Evidence
 from probe.judge.facts import LaneFacts, run_facts
 from probe.judge.knee import SweepAnalysis
+from probe.judge.like import dali_as_measured, what_if, what_if_text
 from probe.judge.recipe import with_recipe
 from probe.judge.recommend import recommend, set_aside
 from probe.judge.results import Session, SessionKind, read_session
@@ -40,6 +41,7 @@ class RunDiagnosis:
     answered_by: str | None = None  # the doctor session whose recommendations these are
     asides: tuple[Recommendation, ...] = ()  # changes that lose against yours: told after
     verified: bool = True  # the session's run again bore its recommendation out ("verified")
+    what_if: str | None = None  # a watched run's: the doctor session measured like it, quoted
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -51,6 +53,7 @@ class RunDiagnosis:
             "recommendations": [r.to_json() for r in self.recommendations],
             "asides": [r.to_json() for r in self.asides],
             "answered_by": self.answered_by,
+            "what_if": self.what_if,
         }
 
 
@@ -68,7 +71,9 @@ def diagnose_run(store: Store, run_id: str, sweep: SweepAnalysis | None = None) 
         recommendations = with_recipe(
             store, run, facts, diagnosis.verdict, diagnosis.recommendations
         )
-        diagnosis = replace(diagnosis, recommendations=tuple(recommendations))
+        diagnosis = _with_what_if(
+            store, run, replace(diagnosis, recommendations=tuple(recommendations))
+        )
     if session is not None and session.kind is SessionKind.DOCTOR and session.answered:
         return replace(
             diagnosis,
@@ -121,6 +126,31 @@ def judge_run(
         recommendations, asides = set_aside(recommendations, yours, worst_facts.change)
     return RunDiagnosis(
         run_id, overall, lanes, findings, tuple(recommendations), partial, asides=tuple(asides)
+    )
+
+
+def _with_what_if(store: Store, run: RunRecord, diagnosis: RunDiagnosis) -> RunDiagnosis:
+    """A watched run's diagnosis with the doctor session measured like it (`what_if`) quoted,
+    and its move to DALI as that session measured it, not estimated: recommended with its
+    figure, or set aside with why."""
+    found = what_if(store, run)
+    if found is None:
+        return diagnosis
+    out, asides = [], list(diagnosis.asides)
+    for item in diagnosis.recommendations:
+        if item.change.knob is not Knob.PIPELINE:
+            out.append(item)
+            continue
+        measured, aside = dali_as_measured(found, item)
+        out += [] if measured is None else [measured]
+        asides += [] if aside is None else [aside]
+        if measured is None and aside is None:
+            out.append(item)
+    return replace(
+        diagnosis,
+        recommendations=tuple(out),
+        asides=tuple(asides),
+        what_if=what_if_text(found),
     )
 
 

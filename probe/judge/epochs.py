@@ -142,7 +142,7 @@ def _predicted(
         cap = f.cpu_cap_images_per_s if f.cpu_short else None
         if not capped:
             cap = f.consumer_images_per_s
-        total += 1 / left if cap is None else min(1 / left, max(cap, rate))
+        total += 1 / left if cap is None else min(1 / left, max(cap, rate, measured or 0.0))
     return total
 
 

@@ -84,6 +84,9 @@ class LaneFacts:
     shard_images: int | None = None
     shard_batches: int | None = None
     data_dir: str | None = None
+    # images/s the lane's loader was measured to make at this CPU elsewhere (a doctor's other
+    # runs of the DataLoader): the CPU cap, an estimate, is never below it
+    measured_up_to: float = 0.0
 
     @property
     def device_word(self) -> str:
@@ -222,9 +225,14 @@ class LaneFacts:
     @property
     def cpu_cap_images_per_s(self) -> float | None:
         """The most images/s the lane's cores (`loader_cores`) can make at the CPU each image
-        costs; None where that cost is not measured."""
+        costs; None where that cost is not measured. An estimate: where the lane measured more
+        (or `measured_up_to` says its loader did elsewhere), it is raised to that."""
         cpu_ms = self.figures.cpu_ms_per_image
-        return self.loader_cores * 1000 / cpu_ms if cpu_ms else None
+        if not cpu_ms:
+            return None
+        return max(
+            self.loader_cores * 1000 / cpu_ms, self.figures.images_per_s, self.measured_up_to
+        )
 
     @property
     def cpu_short(self) -> bool:

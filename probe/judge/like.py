@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pipelines import InputError
+from probe.judge.changes import Knob, Recommendation
 from probe.judge.results import Session
+from probe.metrics import IMAGES_PER_S
 from probe.records import RunRecord
 from probe.store.db import Store
 
@@ -61,3 +63,70 @@ def _data_dir(store: Store, session: Session) -> str | None:
             folder = store.run(run_id).config.get("spec", {}).get("data_dir")
             return None if folder is None else str(folder)
     return None
+
+
+def what_if(store: Store, run: RunRecord) -> LikeSession | None:
+    """The newest doctor session that measured a watched run's what-if like it (`probe doctor
+    --like`, on this run or on its process's other loader), with an answer; None: none did."""
+    found = like_session(store, run, lambda session: session.answered and session.like is not None)
+    return found if found is not None and found.how.startswith("measured like") else None
+
+
+def what_if_text(found: LikeSession) -> str:
+    """What the session measured for the run, in its own figures (those its answer weighed):
+    its answer, and DALI where it measured it."""
+    session = found.session
+    lanes = session.lanes or 1
+    device = "GPU" if any(d.startswith("cuda") for d in session.devices) else "lane"
+    whose = "" if lanes == 1 else f" for the job's {lanes} {device}s"
+    parts = []
+    for item in session.recommendations[:1]:
+        figure = IMAGES_PER_S.text(item.predicted_images_per_s, item.predicted_error)
+        which = item.setting
+        if item.change.knob is Knob.NUM_WORKERS:  # the doctor's DataLoader: the recipe's
+            which = f"feedscope's DataLoader at {item.setting}"
+        parts.append(f"its answer, {which}, {figure}{whose}")
+    dali = session.dali
+    shown = None if dali is None else session.shown(dali.change.setting)
+    if (
+        dali is not None
+        and shown is not None
+        and not any(r.change == dali.change for r in session.recommendations[:1])
+    ):
+        listed = any(r.change == dali.change for r in session.recommendations)
+        parts.append(
+            f"{dali.change.setting} {shown.text}{whose}" + ("" if listed else ", not recommended")
+        )
+    return (
+        f"{found.how}, doctor session {session.session_id} measured: "
+        + "; ".join(parts)
+        + f" (`probe show {session.session_id}`)"
+    )
+
+
+def dali_as_measured(
+    found: LikeSession, estimate: Recommendation
+) -> tuple[Recommendation | None, Recommendation | None]:
+    """A run's estimated move to DALI, `estimate`, as the session `found` measured it: the
+    session's recommendation of it (first of the pair), or where the session measured DALI and
+    did not recommend it, the move set aside with why (second); (None, None): not measured."""
+    session, dali = found.session, found.session.dali
+    where = f"{found.how}, doctor session {found.session.session_id}"
+    listed = next((r for r in session.recommendations if r.change.knob is Knob.PIPELINE), None)
+    if listed is not None:
+        return replace(listed, basis=f"{where}: {listed.basis}"), None
+    if dali is None or not dali.judged:
+        return None, None
+    shown = session.shown(dali.change.setting)
+    if shown is None:
+        return None, None
+    why = dali.advice or "below the DataLoader's answer there"
+    aside = Recommendation(
+        estimate.action,
+        dali.change,
+        shown.images_per_s,
+        f"{where}, {shown.source}",
+        notes=(f"not recommended: {why}",),
+        predicted_error=shown.error,
+    )
+    return None, aside

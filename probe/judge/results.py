@@ -22,7 +22,7 @@ from probe.judge.knee import SweepAnalysis, SweepPoint
 from probe.judge.model import Curve
 from probe.judge.verdicts import Verdict
 from probe.lane_figures import EpochStartCost
-from probe.metrics import against
+from probe.metrics import IMAGES_PER_S, against, counted
 from probe.records import RunStatus
 from probe.steady import Estimate, margin, pooled
 from probe.store.db import Store
@@ -119,6 +119,44 @@ def pooled_in_turn(runs: Sequence[InTurn], setting: str) -> Estimate | None:
     return pooled(mine) if mine else None
 
 
+IN_ALTERNATION = "measured in alternation"  # how the basis of a figure the pairs measured starts
+
+
+def in_alternation(
+    recommendations: Sequence[Recommendation], verify: Verification | None
+) -> tuple[Recommendation, ...]:
+    """The recommendations with each setting that the verification measured in alternation,
+    in pairs, at its runs there pooled: the figure the answer weighs. Its first figure (its run
+    in the sweep or DALI's search) is said in its basis as that run's, and it has no measured
+    figure of its own: the pairs are the check, told once, by the verification, against the
+    first figure, which is not part of the pool."""
+    if verify is None or not verify.pairs:
+        return tuple(recommendations)
+    out = []
+    for item in recommendations:
+        runs = verify.pooled(item.setting)
+        if runs is None:
+            out.append(item)
+            continue
+        basis = item.basis
+        if not basis.startswith(IN_ALTERNATION):
+            others = sorted({r.setting for r in verify.in_turn} - {item.setting})
+            count = sum(r.setting == item.setting for r in verify.in_turn)
+            mean = "its run" if count == 1 else f"the mean of its {count} runs"
+            first = IMAGES_PER_S.text(item.predicted_images_per_s, item.predicted_error)
+            basis = f"{IN_ALTERNATION} with {', '.join(others)}, {mean} (first {first}, {basis})"
+        out.append(
+            replace(
+                item,
+                predicted_images_per_s=runs.value,
+                predicted_error=runs.error,
+                measured_images_per_s=None,
+                basis=basis,
+            )
+        )
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class Verification:
     """The first recommendation run again: what it predicted, what it measured, and whether
@@ -206,6 +244,28 @@ class Verification:
             ratio_error=data.get("ratio_error"),
             ratio_over=data.get("ratio_over"),
         )
+
+
+@dataclass(frozen=True)
+class Shown:
+    """A setting's figure as a doctor's pages show it, and what it is of: its runs in
+    alternation pooled where the pairs measured it (the figures its answer weighed), else its
+    one run."""
+
+    images_per_s: float
+    error: float | None
+    run_ids: tuple[str, ...]
+
+    @property
+    def source(self) -> str:
+        """'run 2026...' or 'the mean of its 5 runs in alternation'."""
+        if len(self.run_ids) == 1:
+            return f"run {self.run_ids[0]}"
+        return f"the mean of its {counted(len(self.run_ids), 'run')} in alternation"
+
+    @property
+    def text(self) -> str:
+        return IMAGES_PER_S.text(self.images_per_s, self.error)
 
 
 @dataclass(frozen=True)
@@ -379,6 +439,23 @@ class Session:
     scaling: Scaling | None = None  # on several lanes: the job on 1 to N of them
     like: str | None = None  # the watched run a doctor measured like (`--like`)
 
+    def shown(self, setting: str) -> Shown | None:
+        """A setting's one figure on a doctor's pages (`Shown`): of your setting, any DataLoader
+        setting or DALI's; None where the session did not measure it."""
+        verify = self.verify
+        pooled = None if verify is None or not verify.pairs else verify.pooled(setting)
+        if verify is not None and pooled is not None:
+            runs = tuple(item.run_id for item in verify.in_turn if item.setting == setting)
+            return Shown(pooled.value, pooled.error, runs)
+        dali = self.dali
+        if dali is not None and dali.change.setting == setting and dali.images_per_s is not None:
+            assert dali.run_id is not None  # measured
+            return Shown(dali.images_per_s, dali.images_per_s_error, (dali.run_id,))
+        point = next((p for p in self.points if workers(p.setting).setting == setting), None)
+        if point is None or point.run_id is None:
+            return None
+        return Shown(point.images_per_s, point.images_per_s_error, (point.run_id,))
+
     def predicted(self, setting: int) -> float | None:
         """The curve's images/s at `setting` (None without a curve, or for DALI threads)."""
         if self.curve is None or self.knob != "num_workers":
@@ -485,7 +562,10 @@ class Session:
         verdict = document.get("verdict")
         recommendations = tuple(Recommendation.from_json(r) for r in document["recommendations"]
                                 ) if doctor else ()  # fmt: skip
-        verify = document.get("verify")
+        verify_json = document.get("verify")
+        verify = None if verify_json is None else Verification.from_json(
+            verify_json, _verified(verify_json, recommendations)
+        )  # fmt: skip
         return cls(
             kind=SessionKind.DOCTOR if doctor else SessionKind.SWEEP,
             session_id=document["session_id"],
@@ -513,15 +593,13 @@ class Session:
             devices=tuple(document.get("devices", ())),
             verdict=None if verdict is None else Verdict.from_json(verdict),
             verdict_run_id=None if verdict is None else verdict.get("run_id"),
-            recommendations=recommendations,
+            recommendations=in_alternation(recommendations, verify),
             asides=tuple(Recommendation.from_json(r) for r in document.get("asides", ())),
             dali=None if document.get("dali") is None else DaliRun.from_json(document["dali"]),
             epochs=None
             if document.get("epochs") is None
             else EpochsRun.from_json(document["epochs"]),
-            verify=None
-            if verify is None
-            else Verification.from_json(verify, _verified(verify, recommendations)),
+            verify=verify,
             curve=_curve(document.get("curve")),
             scaling=None
             if document.get("scaling") is None

@@ -235,8 +235,9 @@ def narrate(kind: str, payload: Any) -> None:
         say(f"  {terminal.run_line(payload)}")
 
 
-def print_run(document: RunDocument, diagnosis: RunDiagnosis) -> None:
-    """A run's table on stdout; its notes and diagnosis on stderr."""
+def print_run(document: RunDocument, diagnosis: RunDiagnosis, tuned: str | None = None) -> None:
+    """A run's table on stdout; its notes and diagnosis on stderr, with what a doctor session
+    measured like it and a tune session on it (`tuned`), where they did."""
     out.print(terminal.run_table(document))
     print_lines(run_notes(document))
     print_lines(
@@ -249,7 +250,9 @@ def print_run(document: RunDocument, diagnosis: RunDiagnosis) -> None:
             diagnosis.findings,
         )
     )
-    print_lines(offer_lines(document, diagnosis.recommendations))
+    if diagnosis.what_if is not None:
+        print_lines([diagnosis.what_if])
+    print_lines(offer_lines(document, diagnosis.recommendations, tuned))
 
 
 def print_session(session: Session) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from probe.judge.changes import Change, workers
 from probe.judge.dali_run import DaliRun
@@ -78,19 +77,28 @@ def doctor_notes(session: Session) -> list[str]:
         measured = IMAGES_PER_S.text(
             verify.measured_images_per_s, verify.measured_images_per_s_error
         )
-        # one prediction a setting: where the answer revised it, the first is said as what it was
-        answer = next((r for r in session.recommendations if r.change == verify.change), None)
-        revised = answer is not None and answer.predicted_images_per_s != (
-            verify.predicted_images_per_s
-        )
-        first = "predicted at first" if revised else "predicted"
-        runs = verify.run_ids
-        which = f"run {runs[0]}" if len(runs) == 1 else f"the mean of its {len(runs)} runs below"
-        lines.append(
-            f"{verified_what(session)}: {first} {predicted}, measured {measured} "
-            f"({against_text(verify.measured_images_per_s, verify.predicted_images_per_s)}: "
-            f"{agrees} their errors and the drift between runs; {which})"
-        )
+        against = against_text(verify.measured_images_per_s, verify.predicted_images_per_s)
+        if verify.pairs:  # its first figure, not one of the runs pooled, against those runs
+            runs = verify.run_ids
+            mean = (f"its run in alternation, {runs[0]}" if len(runs) == 1
+                    else f"the mean of its {len(runs)} runs in alternation")  # fmt: skip
+            lines.append(
+                f"the pairs in alternation are the check: {verify.change.setting}, predicted at "
+                f"first {predicted}, measured {measured}, {mean} ({against}: {agrees} their "
+                "errors and the drift between runs)"
+            )
+        else:
+            # one prediction a setting: where the answer revised it, the first is said so
+            answer = next((r for r in session.recommendations if r.change == verify.change), None)
+            revised = answer is not None and answer.predicted_images_per_s != (
+                verify.predicted_images_per_s
+            )
+            first = "predicted at first" if revised else "predicted"
+            lines.append(
+                f"{verified_what(session)}: {first} {predicted}, measured {measured} "
+                f"({against}: {agrees} their errors and the drift between runs; run "
+                f"{verify.run_id})"
+            )
         lines += [
             f"  in alternation: {item.setting}: "
             f"{IMAGES_PER_S.text(item.images_per_s, item.images_per_s_error)} (run {item.run_id})"
@@ -108,46 +116,6 @@ def doctor_notes(session: Session) -> list[str]:
     if session.consumer_note:
         lines.append(f"consumer: {session.consumer_note}")
     return lines
-
-
-@dataclass(frozen=True)
-class Shown:
-    """A setting's figure as a doctor's pages show it, and what it is of: its runs in
-    alternation pooled where it was measured in turn (the figures its answer weighed), else its
-    one run."""
-
-    images_per_s: float
-    error: float | None
-    run_ids: tuple[str, ...]
-
-    @property
-    def source(self) -> str:
-        """'run 2026...' or 'the mean of its 5 runs in alternation'."""
-        if len(self.run_ids) == 1:
-            return f"run {self.run_ids[0]}"
-        return f"the mean of its {len(self.run_ids)} runs in alternation"
-
-    @property
-    def text(self) -> str:
-        return IMAGES_PER_S.text(self.images_per_s, self.error)
-
-
-def shown(session: Session, setting: str) -> Shown | None:
-    """A setting's figure on a doctor's pages (`Shown`): of your setting, the best DataLoader
-    setting or DALI's; None where the session did not measure it."""
-    verify = session.verify
-    pooled = None if verify is None or not verify.pairs else verify.pooled(setting)
-    if verify is not None and pooled is not None:
-        runs = tuple(item.run_id for item in verify.in_turn if item.setting == setting)
-        return Shown(pooled.value, pooled.error, runs)
-    dali = session.dali
-    if dali is not None and dali.change.setting == setting and dali.images_per_s is not None:
-        assert dali.run_id is not None  # measured
-        return Shown(dali.images_per_s, dali.images_per_s_error, (dali.run_id,))
-    point = next((p for p in session.points if workers(p.setting).setting == setting), None)
-    if point is None or point.run_id is None:
-        return None
-    return Shown(point.images_per_s, point.images_per_s_error, (point.run_id,))
 
 
 def pairs_gain(session: Session) -> tuple[Estimate, str] | None:
@@ -178,10 +146,10 @@ def dataloader_against_dali(session: Session) -> str | None:
     if best is None or not best.images_per_s or dali is None or not dali.judged:
         return None
     scope = job_scope(session.devices)
-    theirs = shown(session, dali.change.setting)
+    theirs = session.shown(dali.change.setting)
     assert theirs is not None  # judged: measured
     gain = pairs_gain(session)
-    loader = None if gain is None else shown(session, gain[1])
+    loader = None if gain is None else session.shown(gain[1])
     if gain is not None and loader is not None:
         ratio, over = gain
         error = "" if ratio.error is None else f" ± {ratio.error:.0%}"
@@ -191,7 +159,7 @@ def dataloader_against_dali(session: Session) -> str | None:
             f"best, {dali.change.setting.removeprefix('DALI ')}, {theirs.text}{scope} "
             f"({theirs.source}); DALI {ratio.value - 1:+.0%}{error} over the pairs"
         )
-    mine = shown(session, workers(best.setting).setting)
+    mine = session.shown(workers(best.setting).setting)
     assert mine is not None  # the best point: measured
     return (
         f"the best DataLoader setting it measured, num_workers={best.setting}, "
@@ -262,7 +230,7 @@ def dali_lines(session: Session) -> list[str]:
         return [f"DALI: not measured{because(dali.reason)}"]
     scope = job_scope(session.devices)
     searched = IMAGES_PER_S.text(dali.images_per_s, dali.images_per_s_error)
-    figure = shown(session, dali.change.setting)
+    figure = session.shown(dali.change.setting)
     assert figure is not None  # judged: measured
     line = f"DALI at its best measured, {dali.change.setting}: {figure.text}{scope}"
     wait = f"{DATA_WAIT.label} {DATA_WAIT.text(dali.data_wait_frac)}"

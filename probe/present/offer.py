@@ -100,8 +100,11 @@ class MigrateOffer:
         return lines + ([self.tune] if self.tune else [])
 
 
-def tune_line(document: RunDocument) -> str | None:
-    """`probe tune RUN`, offered for a watched job that recorded how to run it again."""
+def tune_line(document: RunDocument, tuned: str | None = None) -> str | None:
+    """`probe tune RUN`, offered for a watched job that recorded how to run it again; where a
+    tune session measured it already (`tuned`, `tune_told`'s), what it measured instead."""
+    if tuned is not None:
+        return tuned
     if _job(document) is None:
         return None
     return (
@@ -111,7 +114,7 @@ def tune_line(document: RunDocument) -> str | None:
 
 
 def migrate_offer(
-    document: RunDocument, recommendations: Sequence[Recommendation]
+    document: RunDocument, recommendations: Sequence[Recommendation], tuned: str | None = None
 ) -> MigrateOffer | None:
     """Where DALI or feedscope's DataLoader recipe is the answer (the first change) for a
     watched DataLoader whose recorded recipe can be written (nothing of it refused): the command
@@ -128,7 +131,7 @@ def migrate_offer(
             return MigrateOffer(
                 f"probe migrate {document.run_id} -o {module}.py",
                 change_line(document, module),
-                tune=tune_line(document),
+                tune=tune_line(document, tuned),
             )
         if knob is Knob.RECIPE:
             written = torch_module(recipe, TorchSetting(num_workers=0), "")
@@ -137,20 +140,22 @@ def migrate_offer(
                 f"probe migrate {document.run_id} --to dataloader -o {module}.py",
                 change_line(document, module, original=bool(written.keeps)),
                 "feedscope's DataLoader recipe",
-                tune_line(document),
+                tune_line(document, tuned),
             )
     except Unmovable:
         return None
     return None
 
 
-def offer_lines(document: RunDocument, recommendations: Sequence[Recommendation]) -> list[str]:
+def offer_lines(
+    document: RunDocument, recommendations: Sequence[Recommendation], tuned: str | None = None
+) -> list[str]:
     """What is offered after a watched loader's answer: the module that writes its fix and the
     line to change, with `probe tune`; or where the first change is one of the job's own
     settings (its num_workers), `probe tune` alone."""
-    offer = migrate_offer(document, recommendations)
+    offer = migrate_offer(document, recommendations, tuned)
     if offer is not None:
         return offer.lines
     knob = recommendations[0].change.knob if recommendations else None
-    tune = tune_line(document)
-    return [tune] if knob is not None and tune else []
+    tune = tune_line(document, tuned)
+    return [tune] if (knob is not None or tuned) and tune else []

@@ -56,6 +56,7 @@ def runs(db: Path | None, as_json: bool, limit: int) -> int:
 def show(db: Path | None, run_id: str, as_json: bool, verbose: bool = False) -> int:
     """A run and its diagnosis, or a sweep or doctor session (those whose process, or a rank
     of it, died unseen marked so); `verbose`: with failed lanes' tracebacks."""
+    from probe.fix.setting import tune_told
     from probe.judge.diagnosis import diagnose_run
     from probe.judge.results import is_session_id, read_session, resolve_subject
     from probe.measure.samplers.host import pid_alive
@@ -73,6 +74,7 @@ def show(db: Path | None, run_id: str, as_json: bool, verbose: bool = False) -> 
             return 0
         document = read_run(store, subject)
         diagnosis = diagnose_run(store, document.run_id)
+        tuned = tune_told(store, document.run_id) if document.kind == "watch" else None
         others = [r for r in store.loaders(store.run(subject)) if r.run_id != subject]
     if as_json:
         click.echo(json_text({**document.to_json(), "diagnosis": diagnosis.to_json()}))
@@ -91,7 +93,7 @@ def show(db: Path | None, run_id: str, as_json: bool, verbose: bool = False) -> 
             f"DALI {host.get('dali') or 'not installed'}",
         ]
     )
-    console.print_run(document, diagnosis)
+    console.print_run(document, diagnosis, tuned)
     for lane in document.lanes:
         if lane.traceback and verbose:
             console.say(f"lane {lane.lane} failed here:\n{lane.traceback.rstrip()}")

@@ -219,6 +219,9 @@ def verification_summary(session: Session) -> str:
         return "none run again"
     rank, beside = run_again(session)
     word = "verified" if verify.verified else "measured again"
+    pairs = _pairs_summary(session)
+    if pairs is not None:
+        return pairs
     if rank == 1:
         return f"the first one {word}"
     if rank is not None and beside:
@@ -226,6 +229,22 @@ def verification_summary(session: Session) -> str:
     if rank is not None:
         return f"the first one measured once; recommendation {rank} run again"
     return f"the first one measured once; {verify.change.setting} run again"
+
+
+def _pairs_summary(session: Session) -> str | None:
+    """Where the pairs in alternation are the check: which recommendations they measured (None:
+    no pair, or none of them listed)."""
+    verify = session.verify
+    if verify is None or not verify.pairs:
+        return None
+    settings = {item.setting for item in verify.in_turn}
+    ranks = [i for i, r in enumerate(session.recommendations, 1) if r.setting in settings]
+    if len(ranks) > 1:
+        listed = ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"
+        return f"recommendations {listed} measured in alternation, the pairs their check"
+    if ranks:
+        return f"recommendation {ranks[0]} measured in alternation, the pairs its check"
+    return None
 
 
 OVERSUBSCRIBED, HOST_BUSY = "oversubscribed", "host busy"  # a point's marks in `point_grid`
@@ -509,7 +528,7 @@ def diagnosis_lines(
     return lines
 
 
-ASIDE = "measured or predicted below yours or the answer"  # what sets a change aside
+ASIDE = "each with why, in its last note"  # what sets a change aside is said by each
 
 
 def also_lines(

@@ -14,7 +14,13 @@ from probe.judge.dali_run import CoresFreed, DaliRun
 from probe.judge.diagnosis import diagnose_run
 from probe.judge.doctor.alternation import PIPELINES_SPREAD, Alternation, alternate
 from probe.judge.epochs import epoch_fixes
-from probe.judge.evidence import Evidence, gpu_sharing, gpu_sharing_evidence, measured
+from probe.judge.evidence import (
+    Evidence,
+    cpu_demand_evidence,
+    gpu_sharing,
+    gpu_sharing_evidence,
+    measured,
+)
 from probe.judge.facts import run_facts
 from probe.judge.knee import SweepAnalysis, SweepPoint
 from probe.judge.model import Curve
@@ -30,7 +36,7 @@ from probe.judge.session import Points, WarmSession, point_of, with_change
 from probe.judge.thresholds import EPOCH_START_SHARE, KNEE_POINTS, KNEE_WITHIN
 from probe.judge.verdicts import FED_KINDS, Verdict, VerdictKind
 from probe.measure.config import ProbeConfig
-from probe.metrics import CPU, IMAGES_PER_S, MEMORY, NVJPG, against_text, counted
+from probe.metrics import CPU, IMAGES_PER_S, MEMORY, NVJPG, against_text
 from probe.records import RunStatus
 from probe.steady import MIN_BLOCKS, Estimate, above, margin, pooled
 from probe.store.db import Store
@@ -46,7 +52,9 @@ def baseline_verdict(
     verdict = diagnose_run(store, baseline.run_id).verdict
     best, knee = analysis.best, analysis.knee
     gain = best.images_per_s / baseline.images_per_s - 1 if baseline.images_per_s > 0 else 0.0
-    if best.setting == baseline.setting:
+    if len(analysis.points) == 1:
+        text = f"sweep: num_workers={best.setting}, yours, the one setting measured"
+    elif best.setting == baseline.setting:
         text = f"sweep: num_workers={best.setting}, yours, was the best measured"
     else:
         text = (
@@ -85,6 +93,34 @@ def baseline_verdict(
     ):
         kind = VerdictKind.STARVED_LOADER_LIMIT  # more workers were measured: they do not help
     return replace(verdict, kind=kind, evidence=evidence)
+
+
+def cap_as_measured(
+    store: Store,
+    verdict: Verdict,
+    baseline: SweepPoint,
+    analysis: SweepAnalysis,
+    verification: Verification | None,
+) -> Verdict:
+    """Your setting's verdict with the CPU cap it states raised to the most that the session
+    measured the DataLoader make (its points and its runs in alternation), per lane: the cap is
+    an estimate, and one the measurements passed is no cap. Unchanged where raising it would
+    change what holds the loader."""
+    assert baseline.run_id is not None  # points come from runs
+    facts = run_facts(store, baseline.run_id)
+    rates = [p.images_per_s for p in analysis.points]
+    if verification is not None:
+        rates += [r.images_per_s for r in verification.in_turn if Change.parse(r.setting).knob
+                  is Knob.NUM_WORKERS]  # fmt: skip
+    if not facts or not rates:
+        return verdict
+    lane = replace(facts[0], measured_up_to=max(rates) / len(facts))
+    if lane.cpu_capped != facts[0].cpu_capped:
+        return verdict
+    told = {item.metric: item for item in cpu_demand_evidence(lane)}
+    evidence = tuple(told.get(item.metric, item) if item.metric == "cpu_demand_cores" else item
+                     for item in verdict.evidence)  # fmt: skip
+    return replace(verdict, evidence=evidence)
 
 
 def knee_told(analysis: SweepAnalysis, busy: bool) -> bool:
@@ -357,7 +393,7 @@ def _dali_call(
     if call.decided == b:
         outcome = f"{call.how}, {gain}: it clears {need}: DALI is the answer"
         out = [
-            _measured(_pooled(migration, call), call, top, outcome),
+            _measured(migration, call, top, outcome),
             _measured(loader, call, top),
         ]
         out += rest
@@ -374,56 +410,11 @@ def _dali_call(
         either = f"either: {gain}, and {need} lies within that"
         out = [
             _measured(loader, call, top, outcome),
-            _measured(_pooled(migration, call), call, top, either),
+            _measured(migration, call, top, either),
         ]
         out += rest
         dali = replace(dali, advice=either)
-    verification = _verification(session, base, top, call, outcome)
-    if top.change == a and verification.pairs and not verification.agrees:  # the check decides
-        out = [_repredicted(r, verification) if r.change == a else r for r in out]
-    return verification, one_each(out), dali
-
-
-def _repredicted(loader: Recommendation, verification: Verification) -> Recommendation:
-    """The DataLoader's answer whose runs in alternation, its verification, measured apart
-    from its prediction beyond their errors and the drift: predicted at those runs pooled, its
-    first prediction said."""
-    rate = IMAGES_PER_S.text(
-        verification.measured_images_per_s, verification.measured_images_per_s_error
-    )
-    was = IMAGES_PER_S.text(
-        verification.predicted_images_per_s, verification.predicted_images_per_s_error
-    )
-    runs = counted(len(verification.run_ids), "run")
-    note = (
-        f"its {runs} in alternation measured {rate}, apart from the {was} first predicted "
-        "beyond their errors and the drift: it is predicted at that"
-    )
-    return replace(
-        loader,
-        predicted_images_per_s=verification.measured_images_per_s,
-        predicted_error=verification.measured_images_per_s_error,
-        basis=f"measured in alternation: {runs}, pooled (first {was}, {loader.basis})",
-        notes=(*loader.notes, note),
-    )
-
-
-def _pooled(migration: Recommendation, call: Alternation) -> Recommendation:
-    """The migration predicted at its runs in alternation pooled, where the pairs measured it
-    (the figure they weighed); its first measurement said in its basis."""
-    runs = call.of(migration.change)
-    count = sum(run.setting == migration.setting for run in call.runs)
-    if runs is None or call.clear:
-        return migration
-    first = IMAGES_PER_S.text(migration.predicted_images_per_s, migration.predicted_error)
-    mean = "its run" if count == 1 else f"the mean of its {count} runs"
-    return replace(
-        migration,
-        predicted_images_per_s=runs.value,
-        predicted_error=runs.error,
-        basis=f"measured in alternation with {call.a.setting}, {mean} (first {first}, "
-        f"{migration.basis})",
-    )
+    return _verification(session, base, top, call, outcome), one_each(out), dali
 
 
 def _pair_length(session: WarmSession) -> float:
@@ -526,7 +517,7 @@ def _yours_twice(
         recommendations[0],
         predicted_images_per_s=both.value,
         predicted_error=both.error,
-        measured_images_per_s=again.images_per_s,
+        measured_images_per_s=None,  # its run again is part of that mean: not its check
         notes=(*recommendations[0].notes, outcome),
     )
     out = [top, *recommendations[1:]]
@@ -585,26 +576,19 @@ def _workers_call(
             f"either may be the answer, and yours, no change, stays first; {call.undecided()}"
         )  # fmt: skip
         outcome = f"{against}: {why}"
-        keep = keep_yours(baseline, mine, outcome, mine.value)
+        keep = keep_yours(baseline, baseline.estimate, outcome)
         out = [keep, *[r for r in rest if r.change != top.change]]
     return _verification(session, base, top, call, outcome), one_each(out), dali
 
 
-def keep_yours(
-    baseline: SweepPoint,
-    rate: Estimate,
-    outcome: str | None = None,
-    measured_rate: float | None = None,
-) -> Recommendation:
+def keep_yours(baseline: SweepPoint, rate: Estimate, outcome: str | None = None) -> Recommendation:
     """Your setting as the answer, predicted at `rate`; `outcome` says why, where a change
-    was refuted (and `measured_rate` is yours as measured in turn with it)."""
+    was refuted (its pairs with yours then give yours its figure: `in_alternation`)."""
     return Recommendation(
         f"no change: keep num_workers={baseline.setting}",
         workers(baseline.setting),
         rate.value,
-        f"measured: your setting, run {baseline.run_id}"
-        + (", and in turn with the change its verification refuted" if measured_rate else ""),
-        measured_images_per_s=measured_rate,
+        f"measured: your setting, run {baseline.run_id}",
         notes=() if outcome is None else (outcome,),
         predicted_error=rate.error,
     )

@@ -18,6 +18,7 @@ from probe.judge.diagnosis import diagnose_run
 from probe.judge.doctor.answer import (
     answer,
     baseline_verdict,
+    cap_as_measured,
     epoch_recommendations,
     keep_yours,
     knee_told,
@@ -30,15 +31,17 @@ from probe.judge.doctor.points import epochs_point, scaling_points
 from probe.judge.facts import run_facts
 from probe.judge.knee import SweepPoint, analyze_sweep, past_the_peak
 from probe.judge.model import Curve, run_curve
-from probe.judge.recommend import below_the_answer, one_each, set_aside
+from probe.judge.recommend import below_the_answer, one_each
 from probe.judge.results import (
     DALI,
     NOT_VERIFIED,
     TORCH,
+    EpochsRun,
     ScalePoint,
     Scaling,
     Session,
     SessionKind,
+    in_alternation,
 )
 from probe.judge.scaling import predict
 from probe.judge.session import (
@@ -56,9 +59,9 @@ from probe.measure.config import ProbeConfig, check_config
 from probe.measure.consumers import consumer_note
 from probe.measure.lane import Read
 from probe.measure.runner import Lanes
-from probe.metrics import CPU
+from probe.metrics import CPU, IMAGES_PER_S
 from probe.records import RunStatus
-from probe.steady import above, at_least
+from probe.steady import Estimate, above, at_least
 from probe.store.db import Store
 from probe.store.documents import read_run
 
@@ -167,11 +170,11 @@ def run_doctor(
         verification, recommendations, dali = verify(
             session, base, recommendations, baseline, verdict, dali, cores
         )
+        verdict = cap_as_measured(store, verdict, baseline, analysis, verification)
         scaled = _scaling(session, base, analysis.knee, curve, dali, cores, scaling)
         # what is left of the budget reads your setting epoch by epoch: what its starts cost
         epochs = epochs_point(session, base, baseline, checked)
-        fixes = epoch_recommendations(store, epochs, baseline) if verdict.reliable else None
-        recommendations, asides = _ranked(recommendations, asides, fixes, baseline, verdict)
+        recommendations, asides = _ranked(store, recommendations, asides, baseline, verdict, epochs)
         if ahead and recommendations and recommendations[0].change.knob is not Knob.PIPELINE:
             _dali_fell_back(points, recommendations)
     status, reason = points.status()
@@ -194,7 +197,7 @@ def run_doctor(
         consumer_alone=session.consumer_alone(),
         verdict=verdict,
         verdict_run_id=baseline.run_id,
-        recommendations=tuple(recommendations),
+        recommendations=in_alternation(recommendations, verification),
         asides=tuple(asides),
         dali=dali,
         epochs=epochs,
@@ -222,23 +225,49 @@ def _dali_ahead(
 
 
 def _ranked(
+    store: Store,
     recommendations: list[Recommendation],
     asides: list[Recommendation],
-    fixes: list[Recommendation] | None,
     baseline: SweepPoint,
     verdict: Verdict,
+    epochs: EpochsRun,
 ) -> tuple[list[Recommendation], list[Recommendation]]:
-    """The answer with the epoch reading's fixes (None: your setting's verdict is not relied
-    on): those measured below yours, and any change predicted below the answer, set aside
-    (`set_aside`, `below_the_answer`)."""
-    if fixes is not None:
-        recommendations, losing = set_aside(
-            one_each([*recommendations, *fixes]), baseline.estimate, yours(baseline.setting)
-        )
-        asides = [*asides, *losing]
+    """The answer, any change predicted below it set aside (`below_the_answer`), then the
+    epoch reading's fixes where your setting's verdict is relied on, each weighed against your
+    setting read the same way, epoch by epoch (`_against_epochs`)."""
     mine = keep_yours(baseline, baseline.estimate) if verdict.reliable else None
     recommendations, below = below_the_answer(recommendations, mine)
-    return recommendations, one_each([*asides, *below])
+    fixes = epoch_recommendations(store, epochs, baseline) if verdict.reliable else []
+    gaining, losing = _against_epochs(fixes, epochs)
+    return one_each([*recommendations, *gaining]), one_each([*asides, *below, *losing])
+
+
+def _against_epochs(
+    fixes: list[Recommendation], epochs: EpochsRun
+) -> tuple[list[Recommendation], list[Recommendation]]:
+    """The epoch reading's fixes that gain over your setting read epoch by epoch (the reading
+    they change) beyond that figure's error, each with its gain; and those that gain nothing
+    so compared, set aside with what they give against it. A fix not predicted is kept."""
+    if epochs.images_per_s is None or not fixes:
+        return fixes, []
+    mine = Estimate(epochs.images_per_s, epochs.images_per_s_error, 0)
+    against = (
+        f"{yours(epochs.num_workers).setting} read epoch by epoch "
+        f"({IMAGES_PER_S.text(mine.value, mine.error)}, run {epochs.run_id})"
+    )
+    keep, aside = [], []
+    for item in fixes:
+        rate = item.predicted_images_per_s
+        if rate is None:
+            keep.append(item)
+            continue
+        gain = f"{rate / mine.value - 1:+.0%}"
+        if rate - mine.value > (mine.error or 0.0):
+            keep.append(replace(item, notes=(*item.notes, f"{gain} on {against}")))
+        else:
+            cost = f"not recommended: predicted {IMAGES_PER_S.text(rate)}, {gain} on {against}"
+            aside.append(replace(item, notes=(*item.notes, cost)))
+    return keep, aside
 
 
 def _dali_fell_back(points: Points, recommendations: list[Recommendation]) -> None:

@@ -22,7 +22,6 @@ from probe.metrics import (
     counted,
 )
 from probe.present.charts.layout import BUSY_COLOR, PALETTE, WAIT_COLOR, layout
-from probe.present.doctor_tables import shown as shown_figure
 from probe.store.documents import RunBrief
 
 
@@ -34,9 +33,7 @@ def sweep_curve(session: Session) -> go.Figure:
     dali = session.dali
     # DALI's figure as the session's pages give it: its runs in alternation pooled, where the
     # pairs measured it
-    measured = (
-        None if dali is None or not dali.judged else shown_figure(session, dali.change.setting)
-    )
+    measured = None if dali is None or not dali.judged else session.shown(dali.change.setting)
     dali_images_per_s = None if measured is None else measured.images_per_s
     dali_label = "DALI" if dali is None else dali.change.setting
     if measured is not None and dali is not None and measured.run_ids != (dali.run_id,):
