@@ -20,8 +20,8 @@ from streamlit.testing.v1 import AppTest
 from helpers import probe_cli
 from probe.judge.changes import Knob
 from probe.judge.diagnosis import diagnose_run
-from probe.judge.doctor.answer import baseline_verdict, cap_as_measured, epoch_recommendations
-from probe.judge.doctor.plan import _against_epochs
+from probe.judge.doctor.answer import baseline_verdict, cap_as_measured
+from probe.judge.doctor.plan import _ranked
 from probe.judge.facts import run_facts
 from probe.judge.knee import analyze_sweep
 from probe.judge.results import Session
@@ -112,13 +112,17 @@ def test_each_setting_has_one_figure_on_a_page(name: str) -> None:
 
 
 def epoch_reading(store: Store, name: str) -> tuple[Session, list[Any], list[Any]]:
-    """The epoch reading's fixes for a recorded session, judged again from its runs."""
+    """A recorded session's answer ranked again from its runs, the epoch reading's fixes with
+    it: the recommendations, and those set aside."""
     session = Session.from_json(document(name))
-    assert session.epochs is not None and session.epochs.run_id is not None
+    assert session.epochs is not None and session.verdict is not None
     baseline = next(p for p in session.points if p.run_id == session.verdict_run_id)
-    fixes = epoch_recommendations(store, session.epochs, baseline)
-    keep, aside = _against_epochs(fixes, session.epochs)
-    return session, keep, aside
+    answer = [r for r in session.recommendations if r.change.knob in (Knob.NUM_WORKERS,
+              Knob.PIPELINE)]  # fmt: skip
+    listed, aside = _ranked(
+        store, answer, [], baseline, session.verdict, session.epochs, session.verify
+    )
+    return session, listed, aside
 
 
 @pytest.mark.parametrize("name", ["doctor2", "like"])
@@ -126,28 +130,33 @@ def test_an_epoch_fix_is_weighed_against_yours_read_epoch_by_epoch(name: str, st
     """ "sampler=endless ... 702, -0% against the answer" (a stream against a stream) and
     "persistent_workers=True ... -5% against yours" (epochs against a stream): each fix is
     weighed against your setting read epoch by epoch, the reading it changes; one that gains
-    is listed with that gain, and a run quoted for one is quoted at its own figure."""
-    session, keep, aside = epoch_reading(store, name)
+    is listed with that gain, none at the first's figure: the endless sampler, which reads no
+    change as one stream, is said in the first's notes."""
+    session, listed, aside = epoch_reading(store, name)
     assert session.epochs is not None and session.epochs.images_per_s is not None
     epochs = session.epochs.images_per_s
-    for item in keep:
+    first, fixes = listed[0], listed[1:]
+    fixes = [r for r in fixes if r.change.knob not in (Knob.NUM_WORKERS, Knob.PIPELINE)]
+    assert fixes, listed
+    for item in fixes:
         assert item.predicted_images_per_s > epochs, item
+        assert item.predicted_images_per_s != first.predicted_images_per_s, item
         assert re.search(r"\+\d+% on num_workers=2 read epoch by epoch", item.notes[-1]), item
     for item in aside:
         assert (
             "read epoch by epoch" in item.notes[-1] and "against the answer" not in item.notes[-1]
         )
-    endless = next(item for item in keep if item.change.knob is Knob.SAMPLER)
-    run_id = endless.basis.rsplit("run ", 1)[1]
-    assert endless.predicted_images_per_s == pytest.approx(
-        sum(f.figures.images_per_s for f in run_facts(store, run_id))
+    assert first.setting == "num_workers=2" and not any(
+        r.change.knob is Knob.SAMPLER for r in listed
     )
-    # the old documents: the same fixes set aside against the answer as a stream, and the
-    # endless sampler quoted below the run it names (684 for a run of 694)
+    assert re.search(r"an endless sampler \(sampler=endless\) reads it as one stream, at this "
+                     r"figure, \+\d+%", first.notes[-1]), first.notes  # fmt: skip
+    # the old documents: the fixes set aside against the answer as a stream, and the endless
+    # sampler quoted below the run it names (684 for a run of 694)
     old = old_text(name)
-    assert "against the answer" in old or "against yours" in old
+    assert "sampler=endless" in old and "against the answer, num_workers=2" in old
     if name == "like":
-        assert "sampler=endless" in old and "predicted 684 images/s (measured: your setting" in old
+        assert "predicted 684 images/s (measured: your setting read as one stream" in old
 
 
 @pytest.mark.parametrize("name", ["doctor1", "doctor2"])
@@ -156,7 +165,7 @@ def test_the_cpu_cap_is_never_shown_below_what_was_measured(name: str, store: St
     is an estimate, raised to what the session measured the DataLoader make."""
     session = Session.from_json(document(name))
     analysis = session.analysis()
-    assert analysis is not None and session.verdict is not None
+    assert analysis is not None and session.verdict is not None and session.verify is not None
     baseline = next(p for p in session.points if p.run_id == session.verdict_run_id)
     verdict = cap_as_measured(store, session.verdict, baseline, analysis, session.verify)
     measured = [p.images_per_s for p in session.points]

@@ -122,6 +122,13 @@ class Report:
         return self.diagnosis.asides
 
     @property
+    def offered(self) -> list[str]:
+        """What follows a watched run's answer: the doctor session measured like it, quoted,
+        and the fix's command (`offer_lines`)."""
+        what_if = [] if self.session is not None else [self.diagnosis.what_if]
+        return [line for line in what_if if line] + offer_lines(self.run, self.recommendations)
+
+    @property
     def agreed(self) -> bool:
         """Whether a recommendation's run again agreed with it (`measured_again`)."""
         verify = None if self.session is None else self.session.verify
@@ -226,7 +233,7 @@ def markdown(report: Report) -> str:
         action = _md_prose(top.action)
         line = f"**Top recommendation**: `{_code(top.setting)}`: {action}"
         lines += [line + recommendation_rates(top, report.scope, report.agreed), ""]
-    offered = offer_lines(doc, report.recommendations)
+    offered = report.offered
     lines += [*(f"- {_md_prose(line)}" for line in offered), ""] if offered else []
     verify = None if report.session is None else report.session.verify
     if verify is not None and verify.outcome:  # the check changed or kept the answer: say so
@@ -396,7 +403,7 @@ def _recommendations_html(report: Report) -> str:
             + _grid(recommendation_grid(items))
             + f"<ol class=note>{notes}</ol>"
         )
-    offered = offer_lines(report.run, report.recommendations)
+    offered = report.offered
     if offered:
         lines = "".join(f"<li>{_prose(line)}</li>" for line in offered)
         parts.append(f"<ul>{lines}</ul>")

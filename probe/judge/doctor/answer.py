@@ -130,20 +130,26 @@ def knee_told(analysis: SweepAnalysis, busy: bool) -> bool:
 
 
 def epoch_recommendations(
-    store: Store, epochs: EpochsRun, baseline: SweepPoint
+    store: Store,
+    epochs: EpochsRun,
+    baseline: SweepPoint,
+    stream: Estimate | None = None,
+    source: str | None = None,
 ) -> list[Recommendation]:
     """Where reading epoch by epoch cost EPOCH_START_SHARE or more: what takes it away, as
-    measured against your setting read as one stream."""
+    measured against your setting read as one stream: at `stream` for the job (its one figure
+    in the answer, `source` says whose; default: its run's)."""
     if epochs.run_id is None or not epochs.epoch_start:
         return []
     if epochs.epoch_start.share < EPOCH_START_SHARE:
         return []
     assert baseline.run_id is not None
-    stream = {
-        lane.lane: lane.figures.images_per_s for lane in read_run(store, baseline.run_id).lanes
-    }
-    basis = f"measured: your setting read as one stream, run {baseline.run_id}"
-    return epoch_fixes(run_facts(store, epochs.run_id), stream, basis)
+    lanes = read_run(store, baseline.run_id).lanes
+    rate = stream.value if stream is not None else sum(lane.figures.images_per_s for lane in lanes)
+    scale = rate / baseline.images_per_s if baseline.images_per_s else 1.0
+    by_lane = {lane.lane: lane.figures.images_per_s * scale for lane in lanes}
+    basis = f"measured: your setting read as one stream, {source or f'run {baseline.run_id}'}"
+    return epoch_fixes(run_facts(store, epochs.run_id), by_lane, basis)
 
 
 def dali_trade(store: Store, reference: SweepPoint, dali: DaliRun) -> list[str]:

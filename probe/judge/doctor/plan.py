@@ -41,6 +41,7 @@ from probe.judge.results import (
     Scaling,
     Session,
     SessionKind,
+    Verification,
     in_alternation,
 )
 from probe.judge.scaling import predict
@@ -174,7 +175,9 @@ def run_doctor(
         scaled = _scaling(session, base, analysis.knee, curve, dali, cores, scaling)
         # what is left of the budget reads your setting epoch by epoch: what its starts cost
         epochs = epochs_point(session, base, baseline, checked)
-        recommendations, asides = _ranked(store, recommendations, asides, baseline, verdict, epochs)
+        recommendations, asides = _ranked(
+            store, recommendations, asides, baseline, verdict, epochs, verification
+        )
         if ahead and recommendations and recommendations[0].change.knob is not Knob.PIPELINE:
             _dali_fell_back(points, recommendations)
     status, reason = points.status()
@@ -197,7 +200,7 @@ def run_doctor(
         consumer_alone=session.consumer_alone(),
         verdict=verdict,
         verdict_run_id=baseline.run_id,
-        recommendations=in_alternation(recommendations, verification),
+        recommendations=tuple(recommendations),
         asides=tuple(asides),
         dali=dali,
         epochs=epochs,
@@ -231,15 +234,53 @@ def _ranked(
     baseline: SweepPoint,
     verdict: Verdict,
     epochs: EpochsRun,
+    verification: Verification | None,
 ) -> tuple[list[Recommendation], list[Recommendation]]:
-    """The answer, any change predicted below it set aside (`below_the_answer`), then the
-    epoch reading's fixes where your setting's verdict is relied on, each weighed against your
-    setting read the same way, epoch by epoch (`_against_epochs`)."""
+    """The answer, each setting the pairs measured at its one figure (`in_alternation`), any
+    change predicted below it set aside (`below_the_answer`), then the epoch reading's fixes
+    where your setting's verdict is relied on, each weighed against your setting read the same
+    way, epoch by epoch (`_against_epochs`). Where the answer is no change, read as one stream,
+    the endless sampler is what gives it that figure: said in its notes, not listed at it."""
+    recommendations = list(in_alternation(recommendations, verification))
     mine = keep_yours(baseline, baseline.estimate) if verdict.reliable else None
     recommendations, below = below_the_answer(recommendations, mine)
-    fixes = epoch_recommendations(store, epochs, baseline) if verdict.reliable else []
+    stream, source = _yours_as_stream(recommendations, baseline, verification)
+    fixes = epoch_recommendations(store, epochs, baseline, stream, source) if mine else []
     gaining, losing = _against_epochs(fixes, epochs)
+    first = recommendations[0] if recommendations else None
+    endless = next((f for f in gaining if f.change.knob is Knob.SAMPLER), None)
+    if first is not None and endless is not None and first.change == yours(baseline.setting):
+        gaining.remove(endless)
+        note = (
+            f"read epoch by epoch, as a `for` loop per epoch reads it, it gave "
+            f"{IMAGES_PER_S.text(epochs.images_per_s, epochs.images_per_s_error)} (run "
+            f"{epochs.run_id}): an endless sampler ({endless.setting}) reads it as one stream, "
+            f"at this figure, {endless.notes[-1].split(' on ')[0]}"
+        )
+        recommendations[0] = replace(first, notes=(*first.notes, note))
     return one_each([*recommendations, *gaining]), one_each([*asides, *below, *losing])
+
+
+def _yours_as_stream(
+    recommendations: list[Recommendation], baseline: SweepPoint, verification: Verification | None
+) -> tuple[Estimate, str]:
+    """Your setting read as one stream at its one figure in the answer, and whose it is: its
+    runs in alternation pooled, else as the answer predicts it (two runs of it apart: their
+    mean), else its run."""
+    setting = yours(baseline.setting)
+    pooled = None if verification is None or not verification.pairs else (
+        verification.pooled(setting.setting)
+    )  # fmt: skip
+    if verification is not None and pooled is not None:
+        runs = [r.run_id for r in verification.in_turn if r.setting == setting.setting]
+        if len(runs) == 1:
+            return pooled, f"its run in alternation, {runs[0]}"
+        return pooled, f"the mean of its {len(runs)} runs in alternation"
+    listed = next((r for r in recommendations if r.change == setting), None)
+    rate = None if listed is None else listed.predicted_images_per_s
+    if listed is not None and rate is not None and rate != baseline.images_per_s:
+        return Estimate(rate, listed.predicted_error, 0), "the mean of its runs, as answered"
+    return baseline.estimate, f"run {baseline.run_id}"
 
 
 def _against_epochs(
