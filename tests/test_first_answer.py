@@ -119,7 +119,7 @@ def epoch_reading(store: Store, name: str) -> tuple[Session, list[Any], list[Any
     baseline = next(p for p in session.points if p.run_id == session.verdict_run_id)
     answer = [r for r in session.recommendations if r.change.knob in (Knob.NUM_WORKERS,
               Knob.PIPELINE)]  # fmt: skip
-    listed, aside = _ranked(
+    listed, aside, _ = _ranked(
         store, answer, [], baseline, session.verdict, session.epochs, session.verify
     )
     return session, listed, aside

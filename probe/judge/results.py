@@ -62,6 +62,12 @@ class EpochsRun:
     cost_frac: float | None = None  # of the stream's images/s
     epoch_start: EpochStartCost | None = None
 
+    def against(self, stream: float) -> EpochsRun:
+        """Read against `stream`, the same setting read as one stream at its figure in the
+        answer (its first run's, until the answer weighs another)."""
+        cost = None if self.images_per_s is None or not stream else 1 - self.images_per_s / stream
+        return replace(self, stream_images_per_s=stream, cost_frac=cost)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "setting": workers(self.num_workers).setting,

@@ -475,7 +475,11 @@ def epochs_lines(epochs: EpochsRun | None) -> list[str]:
         f"reads it): {shown}"
     )
     if epochs.cost_frac is not None:
-        line += f", {epochs.cost_frac:.1%} below the same read as one stream"
+        side = "below" if epochs.cost_frac >= 0 else "above"
+        line += (
+            f", {abs(epochs.cost_frac):.1%} {side} the same read as one stream "
+            f"({IMAGES_PER_S.text(epochs.stream_images_per_s)})"
+        )
     start = epochs.epoch_start
     if start:
         line += f"; each epoch start {start.stall_ms:,.0f} ms, {start.share:.1%} of the time"

@@ -175,7 +175,7 @@ def run_doctor(
         scaled = _scaling(session, base, analysis.knee, curve, dali, cores, scaling)
         # what is left of the budget reads your setting epoch by epoch: what its starts cost
         epochs = epochs_point(session, base, baseline, checked)
-        recommendations, asides = _ranked(
+        recommendations, asides, epochs = _ranked(
             store, recommendations, asides, baseline, verdict, epochs, verification
         )
         if ahead and recommendations and recommendations[0].change.knob is not Knob.PIPELINE:
@@ -235,12 +235,13 @@ def _ranked(
     verdict: Verdict,
     epochs: EpochsRun,
     verification: Verification | None,
-) -> tuple[list[Recommendation], list[Recommendation]]:
+) -> tuple[list[Recommendation], list[Recommendation], EpochsRun]:
     """The answer, each setting the pairs measured at its one figure (`in_alternation`), any
     change predicted below it set aside (`below_the_answer`), then the epoch reading's fixes
     where your setting's verdict is relied on, each weighed against your setting read the same
     way, epoch by epoch (`_against_epochs`). Where the answer is no change, read as one stream,
-    the endless sampler is what gives it that figure: said in its notes, not listed at it."""
+    the endless sampler is what gives it that figure: said in its notes, not listed at it.
+    Returns them, the changes set aside, and the epoch reading against that same figure."""
     recommendations = list(in_alternation(recommendations, verification))
     mine = keep_yours(baseline, baseline.estimate) if verdict.reliable else None
     recommendations, below = below_the_answer(recommendations, mine)
@@ -258,7 +259,8 @@ def _ranked(
             f"at this figure, {endless.notes[-1].split(' on ')[0]}"
         )
         recommendations[0] = replace(first, notes=(*first.notes, note))
-    return one_each([*recommendations, *gaining]), one_each([*asides, *below, *losing])
+    listed, aside = one_each([*recommendations, *gaining]), one_each([*asides, *below, *losing])
+    return listed, aside, epochs.against(stream.value)
 
 
 def _yours_as_stream(
