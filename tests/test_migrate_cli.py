@@ -144,10 +144,13 @@ def test_the_module_takes_the_setting_measured_like_the_job(recorded: Path) -> N
             0.65,
             "mixed",
         )
+        # its figure the one the answer weighed, its runs in alternation pooled (2,861 was its
+        # search's run), and no "per GPU" on the job's one GPU
         assert (
             "doctor-20261127-053958-99f9, measured like this run, on a stand-in for its step: "
-            "2,861 images/s" in setting.source
+            "2,921 ± 32 images/s (the mean of its 3 runs in alternation)" in setting.source
         )
+        assert "per GPU" not in setting.source
         validation = setting_for(store, read_run(store, WATCHED_VAL))  # the same job's
         assert validation.num_threads == 11
         assert (

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import probe_cli
 from probe.fix import tune
 from probe.fix.tune import Candidate, Job, Trial, Tuning, figures, pick
 from probe.store.db import Store
@@ -165,3 +166,19 @@ def test_a_budget_starts_no_trial_the_trials_so_far_say_would_pass_it(
         note.startswith("the budget (150 s) left no time for another trial (each took about 38 s)")
         for note in tuning.notes
     ), tuning.notes
+
+
+def test_a_tuned_run_is_quoted_with_its_figures_and_offered_tune_no_more(tmp_path: Path) -> None:
+    """After `probe tune RUN`, `probe show RUN` quotes what the tune session measured on the job
+    itself, its best against the job's own loader, and offers `probe tune` no more."""
+    db = stored(tmp_path, "one")
+    with Store(db) as store:
+        _, trials = trials_of(store)
+        (record,) = store.tunes()
+        best = figures(trials)[0]
+    shown = probe_cli("show", record.run_id, "--db", db)
+    assert shown.returncode == 0, shown.stderr
+    text = " ".join(shown.stderr.split())
+    assert f"tune session {record.tune_id}" in text, text
+    assert f"{best.candidate.label}, {best.text()}" in text
+    assert f"`probe tune {record.run_id}`" not in text
