@@ -269,7 +269,7 @@ def the_call(
     bar below it (as the issue's sessions had it), its runs reading `rates`."""
     session = recorded(monkeypatch, rates, runs, error)
     run = dali_at(dali)
-    keep = doctor_answer.keep_yours(BASELINE, BASELINE.estimate)
+    keep = doctor_answer.keep_yours(BASELINE)
     assert doctor_answer.dali_reach(run, BASELINE.estimate)
     recommendations = [keep, dali_recommendation(run, [f"either: {run.images_per_s}"])]
     verification, out, run = doctor_answer.verify(
@@ -341,7 +341,7 @@ def test_yours_measured_apart_then_dali_in_reach_is_decided_in_alternation_not_l
     baseline = SweepPoint(2, 560.0, 0.3, 195.0, "yours", 15.0)
     run = dali_at(600.0)
     assert not doctor_answer.dali_reach(run, baseline.estimate)
-    recommendations = [doctor_answer.keep_yours(baseline, baseline.estimate)]
+    recommendations = [doctor_answer.keep_yours(baseline)]
     verification, out, run = doctor_answer.verify(
         session,  # type: ignore[arg-type]
         BASE, recommendations, baseline, VERDICT, run, 2.0,
@@ -359,7 +359,7 @@ def h200_call(session: Recorded) -> tuple[Verification | None, list[Recommendati
     """The H200 session's verification: DALI first (2,861 ± 65), num_workers=16 (846 ± 62)."""
     baseline = SweepPoint(16, H200_YOURS.value, 0.79, 1500.0, "yours", H200_YOURS.error)
     run = replace(dali_at(H200_DALI.value), images_per_s_error=H200_DALI.error)
-    keep = doctor_answer.keep_yours(baseline, baseline.estimate)
+    keep = doctor_answer.keep_yours(baseline)
     verification, out, _ = doctor_answer.verify(
         session,  # type: ignore[arg-type]
         BASE, [dali_recommendation(run), keep], baseline, VERDICT, run, 16.0,
@@ -537,7 +537,7 @@ def test_a_call_no_pairs_could_decide_stops_after_its_first_pair_and_says_so(
     run = DaliRun("cpu", 8, 3690.0, 40.0, "dali", 0.03, cpu_pct=400.0, freed=freed)
     assert run.change.setting == H200_FED_DALI
     assert doctor_answer.dali_reach(run, H200_FED.estimate)
-    keep = doctor_answer.keep_yours(H200_FED, H200_FED.estimate)
+    keep = doctor_answer.keep_yours(H200_FED)
     verification, out, run = doctor_answer.verify(
         session,  # type: ignore[arg-type]
         BASE, [keep, dali_recommendation(run)], H200_FED, VERDICT, run, 16.0,
@@ -592,7 +592,7 @@ def test_the_pairs_replace_what_dalis_first_measurement_said_and_say_it_once(
     first = "either: DALI measured 555 ± 17 images/s, +17% ± 6% on num_workers=2; ..."
     session = recorded(monkeypatch, {YOURS: [470.0] * 5, DALI: [548, 560, 552, 559, 545]}, 10, 0.03)
     run = replace(dali_at(555.0), advice=first)
-    keep = doctor_answer.keep_yours(BASELINE, BASELINE.estimate)
+    keep = doctor_answer.keep_yours(BASELINE)
     recommendations = [keep, dali_recommendation(run, ["frees 0.2 of 2 cores", first])]
     verification, out, run = doctor_answer.verify(
         session,  # type: ignore[arg-type]

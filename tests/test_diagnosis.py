@@ -417,8 +417,12 @@ def test_a_doctor_session_is_its_document_and_back() -> None:
     again = Session.from_json(document)
     # its recommendation measured in alternation is read at its runs there pooled, its first
     # figure said as its run's; read so, the document comes back the same
-    weighed = replace(session, recommendations=in_alternation(session.recommendations,
-                                                              session.verify))  # fmt: skip
+    assert session.epochs is not None
+    weighed = replace(
+        session,
+        recommendations=in_alternation(session.recommendations, session.verify),
+        epochs=session.epochs.against(900.0),  # num_workers=1's one run in alternation
+    )
     assert again == weighed and again.recommendations[0].predicted_images_per_s == 985.0
     assert again.recommendations[0].measured_images_per_s is None
     assert again.points == POINTS  # under "sweep" in a doctor's document, "points" in a sweep's

@@ -206,8 +206,8 @@ def test_words_follow_the_lane_and_the_points_measured(store: Store) -> None:
     assert like.dali is not None
     figure = like.shown(like.dali.change.setting)
     assert figure is not None and figure.text in source and "per GPU" not in source
-    old_source = f"{like.dali.images_per_s:,.0f} images/s per GPU"  # the old reading's words
-    assert "per GPU" in old_source and like.devices == ("cpu",)
+    for name in ("doctor1", "doctor2", "like", "show-after-like"):  # the texts after the change
+        assert "per GPU" not in (RECORDED / "after" / f"{name}.txt").read_text()
 
 
 def test_a_watched_run_after_like_quotes_it_and_offers_it_no_more(store: Store) -> None:
@@ -260,3 +260,28 @@ def test_the_first_answer_keeps_one_reading_of_the_verification(store: Store) ->
         "recommendations 1 and 2 measured in alternation, the pairs their check"
     )
     assert verification_summary(replace(session, verify=None)) == "none run again"
+
+
+@pytest.mark.parametrize("name", DOCTORS)
+def test_the_doctors_own_documents_after_the_change_keep_the_rules(name: str) -> None:
+    """The two doctors and the `--like` session recorded after the change (after/*.json), as
+    the doctor wrote them, not as they read back: no check of a recommendation's own runs, each
+    setting the pairs measured at its runs pooled, no fix weighed against the answer as a
+    stream, and no recommendation listed at the first's figure."""
+    written = json.loads((RECORDED / "after" / f"{name}.json").read_text())
+    verify = written.get("verify") or {}
+    recommendations = written["recommendations"]
+    assert self_checked(recommendations, verify) == []
+    for item in recommendations:
+        runs = [r for r in verify.get("in_turn", []) if r["setting"] == item["setting"]]
+        if len(verify.get("in_turn", [])) >= 2 and runs:
+            assert item["basis"].startswith("measured in alternation with "), item
+    first = recommendations[0]["predicted_images_per_s"]
+    assert all(r["predicted_images_per_s"] != first for r in recommendations[1:])
+    notes = [n for r in [*recommendations, *written["asides"]] for n in r["notes"]]
+    assert not any(
+        "against the answer" in n and "read epoch by epoch" not in n
+        for n in notes
+        if n.startswith("not recommended") and ("sampler" in n or "epoch" in n)
+    )
+    assert not any(r["setting"] == "sampler=endless" for r in recommendations[:1])

@@ -81,8 +81,9 @@ def tune_told(store: Store, run_id: str) -> str | None:
             f", yours {yours.text()} ({best.images_per_s / yours.images_per_s:.2f}x)"
         )  # fmt: skip
         write = best.candidate.migrate(run_id)
+        which = "the best" if len(measured) > 1 else "the one candidate measured"
         return (
-            f"measured on the job itself, tune session {record.tune_id}: the best, "
+            f"measured on the job itself, tune session {record.tune_id}: {which}, "
             f"{best.candidate.label}, {best.text()}{against}"
             + ("" if write is None else f"; `{write}` writes it")
         )

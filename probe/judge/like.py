@@ -82,10 +82,14 @@ def what_if_text(found: LikeSession) -> str:
     parts = []
     for item in session.recommendations[:1]:
         figure = IMAGES_PER_S.text(item.predicted_images_per_s, item.predicted_error)
-        which = item.setting
+        which, read = item.setting, ""
         if item.change.knob is Knob.NUM_WORKERS:  # the doctor's DataLoader: the recipe's
             which = f"feedscope's DataLoader at {item.setting}"
-        parts.append(f"its answer, {which}, {figure}{whose}")
+            epochs = session.epochs
+            if epochs is not None and epochs.images_per_s is not None:
+                by_epoch = IMAGES_PER_S.text(epochs.images_per_s, epochs.images_per_s_error)
+                read = f" as one stream, {by_epoch}{whose} read epoch by epoch"
+        parts.append(f"its answer, {which}, {figure}{whose}{read}")
     dali = session.dali
     shown = None if dali is None else session.shown(dali.change.setting)
     if (

@@ -602,9 +602,7 @@ class Session:
             recommendations=in_alternation(recommendations, verify),
             asides=tuple(Recommendation.from_json(r) for r in document.get("asides", ())),
             dali=None if document.get("dali") is None else DaliRun.from_json(document["dali"]),
-            epochs=None
-            if document.get("epochs") is None
-            else EpochsRun.from_json(document["epochs"]),
+            epochs=_epochs(document.get("epochs"), verify),
             verify=verify,
             curve=_curve(document.get("curve")),
             scaling=None
@@ -676,6 +674,18 @@ def focus_run(store: Store, subject: str) -> str:
     if focus is None:
         raise InputError(f"session {session.session_id} recorded no run: nothing to report")
     return focus
+
+
+def _epochs(data: Mapping[str, Any] | None, verify: Verification | None) -> EpochsRun | None:
+    """The epoch reading, against your setting's one figure as one stream: where the pairs
+    measured it, its runs in alternation pooled (a document read before they were its figure
+    has its first run's)."""
+    if data is None:
+        return None
+    epochs = EpochsRun.from_json(data)
+    setting = workers(epochs.num_workers).setting
+    pooled = None if verify is None or not verify.pairs else verify.pooled(setting)
+    return epochs if pooled is None else epochs.against(pooled.value)
 
 
 def _curve(data: Mapping[str, Any] | None) -> Curve | None:

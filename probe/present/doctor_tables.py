@@ -47,12 +47,11 @@ def verified_what(session: Session) -> str:
     assert session.verify is not None
     word = "verified" if session.verify.verified else "measured again"
     setting = session.verify.change.setting
-    rank, beside = run_again(session)
+    rank = run_again(session)
     if rank is None or rank == 1:
         return f"{word} {setting}"
     first = session.recommendations[0].setting
-    how = "measured again beside it" if beside else "was measured once, not re-run"
-    return f"{word} {setting} (recommendation {rank}; recommendation 1, {first}, {how})"
+    return f"{word} {setting} (recommendation {rank}; recommendation 1, {first}, measured once)"
 
 
 def doctor_notes(session: Session) -> list[str]:
@@ -150,20 +149,24 @@ def dataloader_against_dali(session: Session) -> str | None:
     assert theirs is not None  # judged: measured
     gain = pairs_gain(session)
     loader = None if gain is None else session.shown(gain[1])
+    at_best = "DALI at its best" if len(dali.tried) > 1 else "DALI, the one setting it searched"
     if gain is not None and loader is not None:
         ratio, over = gain
         error = "" if ratio.error is None else f" ± {ratio.error:.0%}"
         return (
             f"measured in alternation, {counted(ratio.blocks, 'pair')}: "
-            f"the DataLoader at {over}, {loader.text}{scope} ({loader.source}); DALI at its "
-            f"best, {dali.change.setting.removeprefix('DALI ')}, {theirs.text}{scope} "
+            f"the DataLoader at {over}, {loader.text}{scope} ({loader.source}); "
+            f"{at_best}, {dali.change.setting.removeprefix('DALI ')}, {theirs.text}{scope} "
             f"({theirs.source}); DALI {ratio.value - 1:+.0%}{error} over the pairs"
         )
     mine = session.shown(workers(best.setting).setting)
     assert mine is not None  # the best point: measured
+    which = (
+        "the best DataLoader setting" if len(session.points) > 1 else "the one DataLoader setting"
+    )
     return (
-        f"the best DataLoader setting it measured, num_workers={best.setting}, "
-        f"{mine.text}{scope}; DALI at its best, {dali.change.setting.removeprefix('DALI ')}, "
+        f"{which} it measured, num_workers={best.setting}, "
+        f"{mine.text}{scope}; {at_best}, {dali.change.setting.removeprefix('DALI ')}, "
         f"{theirs.text}{scope} ({theirs.images_per_s / mine.images_per_s:.2f}x)"
     )
 
@@ -232,7 +235,10 @@ def dali_lines(session: Session) -> list[str]:
     searched = IMAGES_PER_S.text(dali.images_per_s, dali.images_per_s_error)
     figure = session.shown(dali.change.setting)
     assert figure is not None  # judged: measured
-    line = f"DALI at its best measured, {dali.change.setting}: {figure.text}{scope}"
+    best = (
+        "DALI at its best measured" if len(dali.tried) > 1 else "DALI, the one setting it searched"
+    )
+    line = f"{best}, {dali.change.setting}: {figure.text}{scope}"
     wait = f"{DATA_WAIT.label} {DATA_WAIT.text(dali.data_wait_frac)}"
     if figure.run_ids != (dali.run_id,):
         line += f", {figure.source} (its search's run: {searched}, {wait})"

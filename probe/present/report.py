@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from probe.fix.setting import tune_told
 from probe.judge.changes import Recommendation
 from probe.judge.diagnosis import RunDiagnosis, diagnose_run
 from probe.judge.results import (
@@ -95,6 +96,7 @@ class Report:
     series: RunSeries | None
     histogram: LatencyHistogram | None
     session_point: bool = False  # the run is a point of a sweep or doctor session
+    tuned: str | None = None  # a watched run's: what a `probe tune` session measured on it
 
     @property
     def reproduce(self) -> str | None:
@@ -123,10 +125,11 @@ class Report:
 
     @property
     def offered(self) -> list[str]:
-        """What follows a watched run's answer: the doctor session measured like it, quoted,
-        and the fix's command (`offer_lines`)."""
+        """What follows a watched run's answer: the doctor session measured like it and the tune
+        session on it, quoted, and the fix's command (`offer_lines`)."""
         what_if = [] if self.session is not None else [self.diagnosis.what_if]
-        return [line for line in what_if if line] + offer_lines(self.run, self.recommendations)
+        offered = offer_lines(self.run, self.recommendations, self.tuned)
+        return [line for line in what_if if line] + offered
 
     @property
     def agreed(self) -> bool:
@@ -203,6 +206,7 @@ def build_report(store: Store, wanted: str) -> Report:
         series=run_series(store, focus),
         histogram=latency_histogram(store, focus),
         session_point=store.run(focus).session_id is not None,
+        tuned=None if session is not None else tune_told(store, focus),
     )
 
 

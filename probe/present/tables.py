@@ -202,30 +202,26 @@ def measured_again(item: Recommendation, agreed: bool = True, delta: bool = Fals
     return f"{word} {IMAGES_PER_S.text(measured)} ({change})"
 
 
-def run_again(session: Session) -> tuple[int | None, bool]:
-    """The rank of the recommendation the verification re-ran (None: it is not listed), and
-    whether the first recommendation was measured again beside it."""
+def run_again(session: Session) -> int | None:
+    """The rank of the recommendation the verification re-ran (None: it is not listed)."""
     verify = session.verify
     assert verify is not None
     ranks = [i for i, r in enumerate(session.recommendations, 1) if r.change == verify.change]
-    first = session.recommendations[0].setting if session.recommendations else None
-    return (ranks[0] if ranks else None), any(run.setting == first for run in verify.in_turn)
+    return ranks[0] if ranks else None
 
 
 def verification_summary(session: Session) -> str:
-    """Which recommendation was run again: "the first one verified" only where it was."""
+    """Which recommendation was run again: "the first one verified" only where it was; where
+    the pairs in alternation are the check, which recommendations they measured."""
     verify = session.verify
     if verify is None:
         return "none run again"
-    rank, beside = run_again(session)
-    word = "verified" if verify.verified else "measured again"
     pairs = _pairs_summary(session)
     if pairs is not None:
         return pairs
+    rank = run_again(session)
     if rank == 1:
-        return f"the first one {word}"
-    if rank is not None and beside:
-        return f"recommendation {rank} {word}, and the first one measured again beside it"
+        return f"the first one {'verified' if verify.verified else 'measured again'}"
     if rank is not None:
         return f"the first one measured once; recommendation {rank} run again"
     return f"the first one measured once; {verify.change.setting} run again"

@@ -114,10 +114,15 @@ def cap_as_measured(
                   is Knob.NUM_WORKERS]  # fmt: skip
     if not facts or not rates:
         return verdict
-    lane = replace(facts[0], measured_up_to=max(rates) / len(facts))
-    if lane.cpu_capped != facts[0].cpu_capped:
-        return verdict
+    judged = next((f for f in facts if f.lane == verdict.lane), facts[0])
+    most = max(rates) / len(facts)  # per lane
+    lane = replace(judged, measured_up_to=most)
     told = {item.metric: item for item in cpu_demand_evidence(lane)}
+    if lane.cpu_capped != judged.cpu_capped:  # raised, it would tell another cause: named
+        passed = (f"; the session measured the DataLoader make {IMAGES_PER_S.text(most)}"
+                  f"{judged.per_lane(most)}, past that estimate")  # fmt: skip
+        told = {item.metric: replace(item, text=item.text + passed)
+                for item in cpu_demand_evidence(judged)}  # fmt: skip
     evidence = tuple(told.get(item.metric, item) if item.metric == "cpu_demand_cores" else item
                      for item in verdict.evidence)  # fmt: skip
     return replace(verdict, evidence=evidence)
@@ -149,7 +154,10 @@ def epoch_recommendations(
     scale = rate / baseline.images_per_s if baseline.images_per_s else 1.0
     by_lane = {lane.lane: lane.figures.images_per_s * scale for lane in lanes}
     basis = f"measured: your setting read as one stream, {source or f'run {baseline.run_id}'}"
-    return epoch_fixes(run_facts(store, epochs.run_id), by_lane, basis)
+    # the lane's cap, an estimate, is never below what the same setting made as one stream
+    facts = [replace(f, measured_up_to=by_lane.get(f.lane, 0.0))
+             for f in run_facts(store, epochs.run_id)]  # fmt: skip
+    return epoch_fixes(facts, by_lane, basis)
 
 
 def dali_trade(store: Store, reference: SweepPoint, dali: DaliRun) -> list[str]:
@@ -206,7 +214,7 @@ def answer(
     if not verdict.reliable:
         return ranked, [], dali
     ranked, asides = set_aside(ranked, baseline.estimate, workers(baseline.setting))
-    ranked, below = below_the_answer(ranked, keep_yours(baseline, baseline.estimate))
+    ranked, below = below_the_answer(ranked, keep_yours(baseline))
     asides = [*asides, *below]
     point = _point_of(analysis, ranked[0].change) or baseline
     reference, setting = loader_at_best(curve, analysis.points, point)
@@ -375,7 +383,7 @@ def _dali_call(
     top = recommendations[0]
     loader = next(
         (r for r in recommendations if r.change.knob is Knob.NUM_WORKERS),
-        keep_yours(baseline, baseline.estimate),
+        keep_yours(baseline),
     )
     migration = next(r for r in recommendations if r.change.knob is Knob.PIPELINE)
     # what its first measurement said of DALI against the DataLoader, the pairs now say
@@ -455,7 +463,8 @@ def _measured(
     note: str | None = None,
 ) -> Recommendation:
     """A recommendation with `note`, and where it is the one `verified`, its runs in alternation
-    pooled as what it measured again (the other's runs are in the note's gain)."""
+    pooled as what it measured again: its check where it ran alone; where pairs ran, the pairs
+    are its check, and `in_alternation` gives it their figure instead."""
     runs = call.of(recommendation.change)
     again = recommendation.measured_images_per_s
     if recommendation.change == verified.change and runs is not None:
@@ -523,6 +532,7 @@ def _yours_twice(
         recommendations[0],
         predicted_images_per_s=both.value,
         predicted_error=both.error,
+        basis=f"measured: your setting, the mean of runs {baseline.run_id} and {again.run_id}",
         measured_images_per_s=None,  # its run again is part of that mean: not its check
         notes=(*recommendations[0].notes, outcome),
     )
@@ -582,19 +592,19 @@ def _workers_call(
             f"either may be the answer, and yours, no change, stays first; {call.undecided()}"
         )  # fmt: skip
         outcome = f"{against}: {why}"
-        keep = keep_yours(baseline, baseline.estimate, outcome)
+        keep = keep_yours(baseline, outcome)
         out = [keep, *[r for r in rest if r.change != top.change]]
     return _verification(session, base, top, call, outcome), one_each(out), dali
 
 
-def keep_yours(baseline: SweepPoint, rate: Estimate, outcome: str | None = None) -> Recommendation:
-    """Your setting as the answer, predicted at `rate`; `outcome` says why, where a change
-    was refuted (its pairs with yours then give yours its figure: `in_alternation`)."""
+def keep_yours(baseline: SweepPoint, outcome: str | None = None) -> Recommendation:
+    """Your setting as the answer, predicted at its run; `outcome` says why, where a change was
+    refuted (its pairs with yours then give yours its figure: `in_alternation`)."""
     return Recommendation(
         f"no change: keep num_workers={baseline.setting}",
         workers(baseline.setting),
-        rate.value,
+        baseline.images_per_s,
         f"measured: your setting, run {baseline.run_id}",
         notes=() if outcome is None else (outcome,),
-        predicted_error=rate.error,
+        predicted_error=baseline.images_per_s_error,
     )

@@ -243,20 +243,29 @@ def _ranked(
     the endless sampler is what gives it that figure: said in its notes, not listed at it.
     Returns them, the changes set aside, and the epoch reading against that same figure."""
     recommendations = list(in_alternation(recommendations, verification))
-    mine = keep_yours(baseline, baseline.estimate) if verdict.reliable else None
+    mine = None  # no change, at its one figure: its runs in alternation pooled, where paired
+    if verdict.reliable:
+        mine = in_alternation([keep_yours(baseline)], verification)[0]
     recommendations, below = below_the_answer(recommendations, mine)
     stream, source = _yours_as_stream(recommendations, baseline, verification)
     fixes = epoch_recommendations(store, epochs, baseline, stream, source) if mine else []
     gaining, losing = _against_epochs(fixes, epochs)
     first = recommendations[0] if recommendations else None
     endless = next((f for f in gaining if f.change.knob is Knob.SAMPLER), None)
-    if first is not None and endless is not None and first.change == yours(baseline.setting):
+    rate = None if endless is None else endless.predicted_images_per_s
+    if (
+        first is not None
+        and endless is not None
+        and rate is not None
+        and epochs.images_per_s
+        and first.change == yours(baseline.setting)
+    ):
         gaining.remove(endless)
         note = (
             f"read epoch by epoch, as a `for` loop per epoch reads it, it gave "
             f"{IMAGES_PER_S.text(epochs.images_per_s, epochs.images_per_s_error)} (run "
             f"{epochs.run_id}): an endless sampler ({endless.setting}) reads it as one stream, "
-            f"at this figure, {endless.notes[-1].split(' on ')[0]}"
+            f"at this figure, {rate / epochs.images_per_s - 1:+.0%}"
         )
         recommendations[0] = replace(first, notes=(*first.notes, note))
     listed, aside = one_each([*recommendations, *gaining]), one_each([*asides, *below, *losing])
