@@ -77,8 +77,7 @@ def show(db: Path | None, run_id: str, as_json: bool, verbose: bool = False) -> 
         tuned = tune_told(store, document.run_id) if document.kind == "watch" else None
         others = [r for r in store.loaders(store.run(subject)) if r.run_id != subject]
     if as_json:
-        click.echo(json_text({**document.to_json(), "diagnosis": diagnosis.to_json(),
-                              "tuned": tuned}))  # fmt: skip
+        click.echo(json_text({**document.to_json(), "diagnosis": diagnosis.to_json()}))
         return 0
     host = document.host
     reason = f": {document.reason}" if document.reason else ""
