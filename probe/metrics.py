@@ -204,6 +204,19 @@ def counted(count: int, noun: str, plural: str | None = None) -> str:
     return f"{count:,} {many}"
 
 
+def device_word(devices: Sequence[str]) -> str:
+    """What a run's lanes drive: "GPU", or "lane" on the CPU."""
+    return "GPU" if any(device.startswith("cuda") for device in devices) else "lane"
+
+
+def job_scope(devices: Sequence[str]) -> str:
+    """Whose a run's or a session's images/s are, where it has several lanes: " for all 4
+    GPUs" (" for all 2 lanes" on the CPU); nothing for one lane."""
+    if len(devices) <= 1:
+        return ""
+    return f" for all {len(devices)} {device_word(devices)}s"
+
+
 def per_device(word: str, count: int, rate: float | None = None) -> str:
     """What follows one lane's figure where the job has `count` lanes (nothing for one):
     " per GPU", and with its images/s `rate`, the job's too: " per GPU (14,276 for all 4

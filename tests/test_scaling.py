@@ -18,8 +18,9 @@ from probe.judge.scaling import checked_counts, dali_at, predict, torch_at
 from probe.judge.thresholds import Severity
 from probe.judge.verdicts import Verdict, VerdictKind
 from probe.lane_figures import LaneFigures
+from probe.metrics import job_scope
 from probe.present.doctor_tables import scaling_grid, scaling_lines
-from probe.present.tables import diagnosis_lines, job_scope
+from probe.present.tables import diagnosis_lines
 from probe.records import RunStatus
 from probe.steady import Estimate
 

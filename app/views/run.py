@@ -17,7 +17,7 @@ from app import common
 from probe import InputError
 from probe.judge.changes import Recommendation
 from probe.judge.diagnosis import RunDiagnosis
-from probe.metrics import DATA_WAIT, IMAGES_PER_S
+from probe.metrics import DATA_WAIT, IMAGES_PER_S, job_scope
 from probe.present import charts as figures
 from probe.present import launch
 from probe.present.offer import migrate_offer, tune_line
@@ -25,7 +25,6 @@ from probe.present.options import reproduce_command, watched_folder
 from probe.present.tables import (
     PIPELINE_ONLY_WAIT,
     headline,
-    job_scope,
     lane_grid,
     pipeline_only,
     run_devices,

@@ -15,7 +15,7 @@ import streamlit as st
 from app import common
 from probe.judge.changes import workers
 from probe.judge.results import Session, SessionKind, Shown
-from probe.metrics import DATA_WAIT, IMAGES_PER_S, counted
+from probe.metrics import DATA_WAIT, IMAGES_PER_S, counted, job_scope
 from probe.present import charts as figures
 from probe.present.doctor_tables import (
     dali_grid,
@@ -25,7 +25,6 @@ from probe.present.doctor_tables import (
 )
 from probe.present.tables import (
     curve_lines,
-    job_scope,
     measured_again,
     point_grid,
     verification_summary,

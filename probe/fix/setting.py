@@ -4,14 +4,17 @@ else the job's own or DALI's defaults, said so."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from pipelines import DaliOptions, InputError
 from probe.fix.dali import DaliSetting
 from probe.fix.dataloader import TorchSetting
-from probe.fix.tune import Trial, figures
+from probe.fix.tune import Figure, Trial, figures
 from probe.judge.like import like_session
 from probe.judge.recipe import recipe_figure
+from probe.metrics import job_scope
+from probe.records import TuneRecord
 from probe.store.db import Store
 from probe.store.documents import RunDocument
 
@@ -45,16 +48,24 @@ def recorded_recipe(document: RunDocument) -> dict[str, Any]:
     return dict(recipe)
 
 
-def tuned(store: Store, run_id: str, kind: str) -> tuple[dict[str, Any], str, float] | None:
-    """The newest `probe tune` session of the run whose trials measured a `kind` candidate
-    ("dali" or "recipe") best of its kind on the job: (the candidate, a sentence naming where it
-    was measured, its images/s for the job); None where none did."""
+def _tune_figures(store: Store, run_id: str) -> Iterator[tuple[TuneRecord, list[Figure]]]:
+    """Each `probe tune` session of the run, newest first, with its candidates measured on the
+    job, each its trials pooled, the best first (`figures`); one written unlike this one is
+    passed over."""
     for record in store.tunes(run_id):
         try:
             trials = [Trial.from_json(x) for x in record.document.get("trials", [])]
         except (KeyError, TypeError):  # written unlike this one
             continue
-        of_kind = [f for f in figures(trials) if f.candidate.kind == kind]
+        yield record, figures(trials)
+
+
+def tuned(store: Store, run_id: str, kind: str) -> tuple[dict[str, Any], str, float] | None:
+    """The newest `probe tune` session of the run whose trials measured a `kind` candidate
+    ("dali" or "recipe") best of its kind on the job: (the candidate, a sentence naming where it
+    was measured, its images/s for the job); None where none did."""
+    for record, measured in _tune_figures(store, run_id):
+        of_kind = [f for f in measured if f.candidate.kind == kind]
         if of_kind:
             best = of_kind[0]
             where = (f"tune session {record.tune_id}, measured on the job itself: "
@@ -65,14 +76,8 @@ def tuned(store: Store, run_id: str, kind: str) -> tuple[dict[str, Any], str, fl
 
 def tune_told(store: Store, run_id: str) -> str | None:
     """What the newest `probe tune` session of the run measured on the job itself: its best
-    candidate against the job's own loader, each its trials pooled (None: no tune session
-    measured one)."""
-    for record in store.tunes(run_id):
-        try:
-            trials = [Trial.from_json(x) for x in record.document.get("trials", [])]
-        except (KeyError, TypeError):  # written unlike this one
-            continue
-        measured = figures(trials)
+    candidate against the job's own loader (None: no tune session measured one)."""
+    for record, measured in _tune_figures(store, run_id):
         if not measured:
             continue
         best = measured[0]
@@ -119,9 +124,7 @@ def setting_for(
     elif found is not None and found.session.dali is not None:
         chosen, how, dali = found.session, found.how, found.session.dali
         figure = chosen.shown(dali.change.setting)  # the one its answer weighed
-        lanes = chosen.lanes or 1
-        device = "GPU" if any(d.startswith("cuda") for d in chosen.devices) else "lane"
-        whose = "" if lanes == 1 else f" for the job's {lanes} {device}s"
+        whose = job_scope(chosen.devices)
         rate = "no rate" if figure is None else f"{figure.text}{whose} ({figure.source})"
         base = DaliSetting(
             num_threads=dali.num_threads,

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from pipelines import InputError
 from probe.judge.changes import Knob, Recommendation
 from probe.judge.results import Session
-from probe.metrics import IMAGES_PER_S
+from probe.metrics import IMAGES_PER_S, job_scope
 from probe.records import RunRecord
 from probe.store.db import Store
 
@@ -76,9 +76,7 @@ def what_if_text(found: LikeSession) -> str:
     """What the session measured for the run, in its own figures (those its answer weighed):
     its answer, and DALI where it measured it."""
     session = found.session
-    lanes = session.lanes or 1
-    device = "GPU" if any(d.startswith("cuda") for d in session.devices) else "lane"
-    whose = "" if lanes == 1 else f" for the job's {lanes} {device}s"
+    whose = job_scope(session.devices)
     parts = []
     for item in session.recommendations[:1]:
         figure = IMAGES_PER_S.text(item.predicted_images_per_s, item.predicted_error)

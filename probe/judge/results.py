@@ -22,7 +22,7 @@ from probe.judge.knee import SweepAnalysis, SweepPoint
 from probe.judge.model import Curve
 from probe.judge.verdicts import Verdict
 from probe.lane_figures import EpochStartCost
-from probe.metrics import IMAGES_PER_S, against, counted
+from probe.metrics import IMAGES_PER_S, against
 from probe.records import RunStatus
 from probe.steady import Estimate, margin, pooled
 from probe.store.db import Store
@@ -126,6 +126,14 @@ def pooled_in_turn(runs: Sequence[InTurn], setting: str) -> Estimate | None:
 
 
 IN_ALTERNATION = "measured in alternation"  # how the basis of a figure the pairs measured starts
+
+
+def alternation_source(run_ids: Sequence[str]) -> str:
+    """Whose a setting's figure in alternation is: "its run in alternation, 2026..." or "the
+    mean of its 3 runs in alternation"."""
+    if len(run_ids) == 1:
+        return f"its run in alternation, {run_ids[0]}"
+    return f"the mean of its {len(run_ids)} runs in alternation"
 
 
 def in_alternation(
@@ -267,7 +275,7 @@ class Shown:
         """'run 2026...' or 'the mean of its 5 runs in alternation'."""
         if len(self.run_ids) == 1:
             return f"run {self.run_ids[0]}"
-        return f"the mean of its {counted(len(self.run_ids), 'run')} in alternation"
+        return alternation_source(self.run_ids)
 
     @property
     def text(self) -> str:

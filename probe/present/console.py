@@ -25,7 +25,7 @@ from probe.judge.diagnosis import RunDiagnosis
 from probe.judge.results import Session, SessionKind
 from probe.measure.bench import BenchResult, bench_pipeline, describe_settings
 from probe.measure.stop import Stop
-from probe.metrics import counted
+from probe.metrics import counted, job_scope
 from probe.present import doctor_tables, tables, terminal
 from probe.present.offer import offer_lines
 from probe.present.options import decimal
@@ -245,7 +245,7 @@ def print_run(document: RunDocument, diagnosis: RunDiagnosis, tuned: str | None 
             diagnosis.verdict,
             diagnosis.recommendations,
             diagnosis.asides,
-            tables.job_scope(tables.run_devices(document)),
+            job_scope(tables.run_devices(document)),
             diagnosis.verified,
             diagnosis.findings,
         )

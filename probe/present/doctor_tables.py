@@ -12,14 +12,13 @@ from collections.abc import Sequence
 from probe.judge.changes import Change, workers
 from probe.judge.dali_run import DaliRun
 from probe.judge.doctor.alternation import PIPELINES_SPREAD, pair_ratio, runs_pairs
-from probe.judge.results import DALI, TORCH, Scaling, Session
-from probe.metrics import CPU, DATA_WAIT, IMAGES_PER_S, NVJPG, against_text, counted
+from probe.judge.results import DALI, TORCH, Scaling, Session, alternation_source
+from probe.metrics import CPU, DATA_WAIT, IMAGES_PER_S, NVJPG, against_text, counted, job_scope
 from probe.present.tables import (
     Grid,
     because,
     diagnosis_lines,
     epochs_lines,
-    job_scope,
     run_again,
 )
 from probe.steady import Estimate
@@ -78,9 +77,7 @@ def doctor_notes(session: Session) -> list[str]:
         )
         against = against_text(verify.measured_images_per_s, verify.predicted_images_per_s)
         if verify.pairs:  # its first figure, not one of the runs pooled, against those runs
-            runs = verify.run_ids
-            mean = (f"its run in alternation, {runs[0]}" if len(runs) == 1
-                    else f"the mean of its {len(runs)} runs in alternation")  # fmt: skip
+            mean = alternation_source(verify.run_ids)
             lines.append(
                 f"the pairs in alternation are the check: {verify.change.setting}, predicted at "
                 f"first {predicted}, measured {measured}, {mean} ({against}: {agrees} their "

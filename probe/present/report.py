@@ -35,7 +35,7 @@ from probe.judge.results import (
     resolve_subject,
 )
 from probe.judge.verdicts import Verdict, VerdictKind
-from probe.metrics import IMAGES_PER_S, MEMORY, STAGE_TIME, STAGES
+from probe.metrics import IMAGES_PER_S, MEMORY, STAGE_TIME, STAGES, job_scope
 from probe.present import charts
 from probe.present.doctor_tables import (
     dali_grid,
@@ -56,7 +56,6 @@ from probe.present.tables import (
     curve_lines,
     epochs_lines,
     headline,
-    job_scope,
     lane_grid,
     pipeline_only,
     point_grid,

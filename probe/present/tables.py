@@ -27,6 +27,8 @@ from probe.metrics import (
     against_text,
     busy_metric,
     counted,
+    device_word,
+    job_scope,
     per_device,
 )
 from probe.present.offer import offer_lines
@@ -485,19 +487,6 @@ def epochs_lines(epochs: EpochsRun | None) -> list[str]:
 def because(reason: str | None) -> str:
     """': REASON' to follow what did not happen; nothing where no reason was recorded."""
     return f": {reason}" if reason else ""
-
-
-def device_word(devices: Sequence[str]) -> str:
-    """What a run's lanes drive: "GPU", or "lane" on the CPU."""
-    return "GPU" if any(device.startswith("cuda") for device in devices) else "lane"
-
-
-def job_scope(devices: Sequence[str]) -> str:
-    """Whose a run's or a session's images/s are, where it has several lanes: " for all 4
-    GPUs" (" for all 2 lanes" on the CPU); nothing for one lane."""
-    if len(devices) <= 1:
-        return ""
-    return f" for all {len(devices)} {device_word(devices)}s"
 
 
 def run_devices(document: RunDocument) -> tuple[str, ...]:

@@ -42,6 +42,7 @@ from probe.judge.results import (
     Session,
     SessionKind,
     Verification,
+    alternation_source,
     in_alternation,
 )
 from probe.judge.scaling import predict
@@ -284,9 +285,7 @@ def _yours_as_stream(
     )  # fmt: skip
     if verification is not None and pooled is not None:
         runs = [r.run_id for r in verification.in_turn if r.setting == setting.setting]
-        if len(runs) == 1:
-            return pooled, f"its run in alternation, {runs[0]}"
-        return pooled, f"the mean of its {len(runs)} runs in alternation"
+        return pooled, alternation_source(runs)
     listed = next((r for r in recommendations if r.change == setting), None)
     rate = None if listed is None else listed.predicted_images_per_s
     if listed is not None and rate is not None and rate != baseline.images_per_s:
