@@ -289,8 +289,10 @@ def test_the_run_page_shows_lanes_on_one_time_axis_and_the_diagnosis(
     assert texts(at.subheader)[1] == "Diagnosis"
     shown = texts(at.error) + texts(at.warning) + texts(at.success) + texts(at.info)
     assert any(text.startswith(two["diagnosis"]["verdict"]["title"]) for text in shown)
-    evidence = texts(at.markdown)
-    assert any(text.startswith("- data-wait") for text in evidence)
+    # the verdict's evidence, a line each (a data-wait, or a finding across the lanes that starts
+    # with what it compares)
+    first = two["diagnosis"]["verdict"]["evidence"][0]["text"].replace("$", "\\$")
+    assert any(f"- {first}" in text.splitlines() for text in texts(at.markdown)), first
     # where each image's CPU time goes, where the lanes timed their stages; lanes on one time
     # axis; throughput; latency histogram; CPU heat strip (no GPU here)
     figures = charts(at)
