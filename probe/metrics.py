@@ -234,10 +234,17 @@ def against(measured: float, predicted: float | None) -> float | None:
     return measured / predicted - 1 if predicted else None
 
 
+def signed(share: float, digits: int = 0) -> str:
+    """A change as a signed percentage, "+7%", "-2.4%": one that rounds to nothing reads "+0%",
+    never "-0%"."""
+    shown = round(share * 100, digits)
+    return f"{(shown or 0.0) / 100:+.{digits}%}"
+
+
 def against_text(measured: float, predicted: float | None, digits: int = 1) -> str:
     """`against` as shown: "+2.4%"; "-" without a prediction."""
     share = against(measured, predicted)
-    return "-" if share is None else f"{share:+.{digits}%}"
+    return "-" if share is None else signed(share, digits)
 
 
 def wait_share(wait_s: float, step_s: float) -> float | None:

@@ -21,7 +21,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from probe.judge.results import Session
-from probe.metrics import counted
+from probe.metrics import against_text, counted, signed
 from probe.present.doctor_tables import dataloader_against_dali, doctor_lines
 from probe.present.tables import verification_summary
 from probe.records import RunStatus, SessionRecord
@@ -201,3 +201,17 @@ def test_a_session_recorded_with_its_pairs_says_each_figure_once() -> None:
     assert told is not None and told.endswith(
         f"DALI {session.verify.ratio - 1:+.0%} ± {session.verify.ratio_error:.0%} over the pairs"
     )
+
+
+@pytest.mark.parametrize(
+    ("share", "digits", "text"),
+    [(-0.004, 0, "+0%"), (0.004, 0, "+0%"), (-0.0004, 1, "+0.0%"), (-0.006, 0, "-1%"),
+     (0.071, 0, "+7%"), (-0.024, 1, "-2.4%")],
+)  # fmt: skip
+def test_a_change_that_rounds_to_nothing_reads_plus_zero(
+    share: float, digits: int, text: str
+) -> None:
+    """A gain of -0.4% shown to the percent is no loss: "+0%", never "-0%"; a change that
+    rounds to something keeps its sign."""
+    assert signed(share, digits) == text
+    assert against_text(100 * (1 + share), 100.0, digits) == text

@@ -38,6 +38,7 @@ from probe.metrics import (
     Metric,
     Source,
     counted,
+    signed,
 )
 from probe.records import BatchAcross
 
@@ -525,7 +526,7 @@ def gpu_sharing_evidence(facts: LaneFacts) -> list[Evidence]:
         f"the step took {STEP.text(figures.step_ms_p50, figures.step_ms_p50_error)} with DALI "
         f"decoding on the same GPU against "
         f"{STEP.text(alone['step_ms_p50'], alone.get('step_ms_p50_error'))} alone "
-        f"({slowed:+.0%}){host}: DALI's kernels take SMs from the model, so training runs at "
+        f"({signed(slowed)}){host}: DALI's kernels take SMs from the model, so training runs at "
         f"{1 / (1 + slowed):.0%} of the consumer's speed"
     )
     return [Evidence("step_slowdown", slowed, text), *gpu_evidence(facts)]

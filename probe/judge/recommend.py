@@ -28,7 +28,7 @@ from probe.judge.model import Curve, curve_of
 from probe.judge.recommend_dali import in_dalis_terms, more_threads, off_the_sms, to_dali_estimate
 from probe.judge.thresholds import KNEE_POINTS, KNEE_WITHIN, WAIT_HIGH
 from probe.judge.verdicts import FED_KINDS, STARVED, Verdict, VerdictKind, rank
-from probe.metrics import CPU_PER_IMAGE, DATA_WAIT, IMAGES_PER_S, against_text
+from probe.metrics import CPU_PER_IMAGE, DATA_WAIT, IMAGES_PER_S, against_text, signed
 from probe.steady import Estimate, above
 
 
@@ -199,7 +199,7 @@ def below_the_answer(
             keep.append(item)
             continue
         cost = (
-            f"not recommended: predicted {IMAGES_PER_S.text(rate)}, {rate / answer - 1:+.0%} "
+            f"not recommended: predicted {IMAGES_PER_S.text(rate)}, {signed(rate / answer - 1)} "
             f"against the answer, {first.setting} ({IMAGES_PER_S.text(answer)})"
         )
         aside.append(replace(item, notes=(*item.notes, cost)))
@@ -229,7 +229,7 @@ def set_aside(
             continue
         worst = min(rate.value for rate in loses)
         cost = (
-            f"not recommended: {IMAGES_PER_S.text(worst)}, {worst / yours.value - 1:+.0%} "
+            f"not recommended: {IMAGES_PER_S.text(worst)}, {signed(worst / yours.value - 1)} "
             f"against yours ({IMAGES_PER_S.text(yours.value, yours.error)}, {own.setting})"
         )
         aside.append(replace(item, notes=(*item.notes, cost)))

@@ -21,7 +21,7 @@ from probe.judge.thresholds import (
     NVJPG_SATURATED_PCT,
 )
 from probe.judge.verdicts import FED_KINDS, Verdict, VerdictKind
-from probe.metrics import IMAGES_PER_S, NVJPG
+from probe.metrics import IMAGES_PER_S, NVJPG, signed
 from probe.steady import MIN_BLOCKS, Estimate, above, margin
 
 
@@ -205,7 +205,7 @@ def dali_advice(
     measured = Estimate(dali.images_per_s, dali.images_per_s_error, MIN_BLOCKS)
     gain = dali.images_per_s / reference.value - 1 if reference.value > 0 else 0.0
     shown = IMAGES_PER_S.cell(dali.images_per_s, dali.images_per_s_error)
-    versus = f"{gain:+.0%} on {setting} ({IMAGES_PER_S.cell(reference.value, reference.error)})"
+    versus = f"{signed(gain)} on {setting} ({IMAGES_PER_S.cell(reference.value, reference.error)})"
     frees = "" if freed is None else f"; it {freed.text}"
     if verdict.kind in FED_KINDS:
         return (
@@ -217,16 +217,17 @@ def dali_advice(
     surely = (dali.images_per_s - error) / reference.value
     if needed and (dali.images_per_s + error) / reference.value >= 1 + needed:
         return (  # the bar lies within DALI's error: say so, and keep the same first answer
-            f"either: DALI measured {shown} images/s, {gain:+.0%} ± {error / reference.value:.0%} "
-            f"on {setting}{frees}; a migration should gain {needed:.0%}, within that error, so "
+            f"either: DALI measured {shown} images/s, {signed(gain)} "
+            f"± {error / reference.value:.0%} on {setting}{frees}; a migration should gain "
+            f"{needed:.0%}, within that error, so "
             "your setting stays first; a longer doctor (more --budget) measures both longer"
         )
     why = (
         f"a migration should gain {needed:.0%} where it frees under "
-        f"{DALI_FREES_WORTH_IT:.0%} of the cores, and it is surely at least {surely - 1:+.0%}: "
+        f"{DALI_FREES_WORTH_IT:.0%} of the cores, and it is surely at least {signed(surely - 1)}: "
         f"{(1 + needed - surely) * 100:.0f} points short"
         if needed
         else f"not faster beyond both errors and the drift between runs (surely at least "
-        f"{surely - 1:+.0%})"
+        f"{signed(surely - 1)})"
     )
     return f"DALI measured {shown} images/s, {versus}{frees}: {why}"

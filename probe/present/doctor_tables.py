@@ -13,7 +13,16 @@ from probe.judge.changes import Change, workers
 from probe.judge.dali_run import DaliRun
 from probe.judge.doctor.alternation import PIPELINES_SPREAD, pair_ratio, runs_pairs
 from probe.judge.results import DALI, TORCH, Scaling, Session, alternation_source
-from probe.metrics import CPU, DATA_WAIT, IMAGES_PER_S, NVJPG, against_text, counted, job_scope
+from probe.metrics import (
+    CPU,
+    DATA_WAIT,
+    IMAGES_PER_S,
+    NVJPG,
+    against_text,
+    counted,
+    job_scope,
+    signed,
+)
 from probe.present.tables import (
     Grid,
     because,
@@ -154,7 +163,7 @@ def dataloader_against_dali(session: Session) -> str | None:
             f"measured in alternation, {counted(ratio.blocks, 'pair')}: "
             f"the DataLoader at {over}, {loader.text}{scope} ({loader.source}); "
             f"{at_best}, {dali.change.setting.removeprefix('DALI ')}, {theirs.text}{scope} "
-            f"({theirs.source}); DALI {ratio.value - 1:+.0%}{error} over the pairs"
+            f"({theirs.source}); DALI {signed(ratio.value - 1)}{error} over the pairs"
         )
     mine = session.shown(workers(best.setting).setting)
     assert mine is not None  # the best point: measured
@@ -198,7 +207,7 @@ def dali_grid(dali: DaliRun, devices: Sequence[str]) -> Grid:
             if point.images_per_s and point.predicted_images_per_s
             else "-"
         )
-        slowed = "-" if point.step_slowed is None else f"{point.step_slowed:+.0%}"
+        slowed = "-" if point.step_slowed is None else signed(point.step_slowed)
         pipeline = point.pipeline
         share = "-" if pipeline.hw_decoder_load is None else f"{pipeline.hw_decoder_load:g}"
         rows.append(
@@ -245,7 +254,7 @@ def dali_lines(session: Session) -> list[str]:
     if first is not None and dali.gain is not None:
         start = IMAGES_PER_S.text(first.images_per_s, first.images_per_s_error)
         line += (
-            f"; {dali.gain:+.0%} on where its search started, {first.setting} ({start}), of "
+            f"; {signed(dali.gain)} on where its search started, {first.setting} ({start}), of "
             f"{len(dali.tried)} settings measured"
         )
     lines = [line + (f": {dali.advice}" if dali.advice else "")]
@@ -259,7 +268,7 @@ def dali_lines(session: Session) -> list[str]:
             threads = counted(dali.num_threads, "thread")
             read.append(f"DALI's {threads}{feeder} using {CPU.text(point.threads_cpu_pct)}")
         if point.step_slowed is not None:
-            read.append(f"the step {point.step_slowed:+.0%} against the consumer alone")
+            read.append(f"the step {signed(point.step_slowed)} against the consumer alone")
         evidence = f" ({'; '.join(read)}, worst lane)" if read else ""
         remedy = f"; the first remedy: {dali.remedy}" if dali.remedy else ""
         lines.append(f"what holds DALI there: {dali.holds}{evidence}{remedy}")
@@ -293,7 +302,7 @@ def scaling_grid(scaling: Scaling) -> Grid:
                 point.measured_images_per_s, point.measured_images_per_s_error
             )
             if point.error_frac is not None:
-                measured += f" ({point.error_frac:+.1%})"
+                measured += f" ({signed(point.error_frac, 1)})"
             if key == TORCH:
                 row.append(point.setting.removeprefix("num_workers="))
             row += [
@@ -341,12 +350,14 @@ def scaling_lines(scaling: Scaling) -> list[str]:
             f"({alone:,.0f} images/s per {device}, {cpu_ms:.2f} ms of CPU per image): the "
             f"host's {cores} cores{other} feed {feeds} at that rate"
         )
-    for point in (p for p in scaling.points if p.error_frac is not None):
+    for point in scaling.points:
+        if point.error_frac is None:
+            continue
         shown = IMAGES_PER_S.text(point.measured_images_per_s, point.measured_images_per_s_error)
         lines.append(
             f"checked on {point.gpus} {device}{'' if point.gpus == 1 else 's'}: "
             f"{point.setting} predicted {IMAGES_PER_S.text(point.predicted_images_per_s)}, "
-            f"measured {shown} ({point.error_frac:+.1%} against the prediction"
+            f"measured {shown} ({signed(point.error_frac, 1)} against the prediction"
             + (
                 ", beyond its error and the drift between runs: the measured figure stands"
                 if point.missed

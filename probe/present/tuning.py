@@ -15,7 +15,7 @@ from pathlib import Path
 from pipelines import InputError
 from probe.fix.tune import WARMUP, Job, Pick, Tuning, figures, trial_text
 from probe.judge.results import is_session_id, resolve_subject
-from probe.metrics import counted
+from probe.metrics import counted, signed
 from probe.present import console
 from probe.present.measuring import EXIT_INTERRUPTED
 from probe.store.db import Store
@@ -120,7 +120,7 @@ def table(tuning: Tuning, answer: Pick | None) -> list[str]:
         beside = ""
         if best is not chosen:
             beside = (f"; the fastest, {best.candidate.label}, measured {best.text()} "
-                      f"({best.images_per_s / chosen.images_per_s - 1:+.0%}), within the "
+                      f"({signed(best.images_per_s / chosen.images_per_s - 1)}), within the "
                       "errors")  # fmt: skip
         lines.append(
             f"answer: no change: your loader measured {chosen.text()} (run {runs}){beside}"

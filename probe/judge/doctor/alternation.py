@@ -20,7 +20,7 @@ from probe.judge.changes import Change
 from probe.judge.results import InTurn, pooled_in_turn
 from probe.judge.session import WarmSession, point_of, with_change
 from probe.measure.config import ProbeConfig
-from probe.metrics import counted
+from probe.metrics import counted, signed
 from probe.records import RunStatus
 from probe.steady import DRIFT, Estimate, margin, t95
 
@@ -72,7 +72,8 @@ class Alternation:
             return "no pair measured"
         pairs = f"over {self.pairs} pair{'s' if self.pairs != 1 else ''}"
         error = f" ± {self.ratio.error:.0%}" if self.ratio.error is not None else ""
-        return f"{self.ratio.value - 1:+.0%}{error} {'as first measured' if self.clear else pairs}"
+        how = "as first measured" if self.clear else pairs
+        return f"{signed(self.ratio.value - 1)}{error} {how}"
 
     @property
     def how(self) -> str:

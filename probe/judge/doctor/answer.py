@@ -36,7 +36,7 @@ from probe.judge.session import Points, WarmSession, point_of, with_change
 from probe.judge.thresholds import EPOCH_START_SHARE, KNEE_POINTS, KNEE_WITHIN
 from probe.judge.verdicts import FED_KINDS, Verdict, VerdictKind
 from probe.measure.config import ProbeConfig
-from probe.metrics import CPU, IMAGES_PER_S, MEMORY, NVJPG, against_text
+from probe.metrics import CPU, IMAGES_PER_S, MEMORY, NVJPG, against_text, signed
 from probe.records import RunStatus
 from probe.steady import MIN_BLOCKS, Estimate, above, margin, pooled
 from probe.store.db import Store
@@ -60,7 +60,7 @@ def baseline_verdict(
         text = (
             f"sweep: num_workers={best.setting} was best "
             f"({IMAGES_PER_S.text(best.images_per_s, best.images_per_s_error)}, "
-            f"{gain:+.0%} on yours, num_workers={baseline.setting})"
+            f"{signed(gain)} on yours, num_workers={baseline.setting})"
         )
     busy = [p for p in points.measured.values() if p.host_busy]
     if knee_told(analysis, bool(busy)):

@@ -61,7 +61,7 @@ from probe.measure.config import ProbeConfig, check_config
 from probe.measure.consumers import consumer_note
 from probe.measure.lane import Read
 from probe.measure.runner import Lanes
-from probe.metrics import CPU, IMAGES_PER_S
+from probe.metrics import CPU, IMAGES_PER_S, signed
 from probe.records import RunStatus
 from probe.steady import Estimate, above, at_least
 from probe.store.db import Store
@@ -266,7 +266,7 @@ def _ranked(
             f"read epoch by epoch, as a `for` loop per epoch reads it, it gave "
             f"{IMAGES_PER_S.text(epochs.images_per_s, epochs.images_per_s_error)} (run "
             f"{epochs.run_id}): an endless sampler ({endless.setting}) reads it as one stream, "
-            f"at this figure, {rate / epochs.images_per_s - 1:+.0%}"
+            f"at this figure, {signed(rate / epochs.images_per_s - 1)}"
         )
         recommendations[0] = replace(first, notes=(*first.notes, note))
     listed, aside = one_each([*recommendations, *gaining]), one_each([*asides, *below, *losing])
@@ -312,7 +312,7 @@ def _against_epochs(
         if rate is None:
             keep.append(item)
             continue
-        gain = f"{rate / mine.value - 1:+.0%}"
+        gain = signed(rate / mine.value - 1)
         if rate - mine.value > (mine.error or 0.0):
             keep.append(replace(item, notes=(*item.notes, f"{gain} on {against}")))
         else:
