@@ -162,6 +162,20 @@ def test_the_module_takes_the_setting_measured_like_the_job(recorded: Path) -> N
         assert "given on the command line" in given.source
 
 
+def test_a_session_like_one_loader_is_the_what_if_of_that_loader_alone(recorded: Path) -> None:
+    """A doctor session measured like the training loader quotes its figures on that loader's
+    page, not on the validation loader's (another batch size and transforms): there the move
+    to DALI stays an estimate, and `probe doctor --like` on the validation loader itself stays
+    offered, in its basis and on its page alike."""
+    with Store(recorded) as store:
+        _doctor(store, like=WATCHED)
+        train, val = diagnose_run(store, WATCHED), diagnose_run(store, WATCHED_VAL)
+    assert train.what_if is not None and "measured like this run" in train.what_if
+    assert val.what_if is None
+    every = [*val.recommendations, *val.asides]
+    assert any(f"probe doctor --like {WATCHED_VAL}" in item.basis for item in every), every
+
+
 def test_migrate_is_offered_where_dali_is_the_answer_with_the_line_to_change(
     recorded: Path,
 ) -> None:

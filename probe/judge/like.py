@@ -67,9 +67,10 @@ def _data_dir(store: Store, session: Session) -> str | None:
 
 def what_if(store: Store, run: RunRecord) -> LikeSession | None:
     """The newest doctor session that measured a watched run's what-if like it (`probe doctor
-    --like`, on this run or on its process's other loader), with an answer; None: none did."""
-    found = like_session(store, run, lambda session: session.answered and session.like is not None)
-    return found if found is not None and found.how.startswith("measured like") else None
+    --like RUN`), with an answer; None: none did. One measured like the job's other loader is
+    not this loader's (its batch size and transforms differ): `probe migrate` may take DALI's
+    setting from it (`like_session`), the loader's page does not quote its figures."""
+    return like_session(store, run, lambda s: s.answered and s.like == run.run_id)
 
 
 def what_if_text(found: LikeSession) -> str:
