@@ -467,6 +467,31 @@ def test_watch_tells_the_answer_when_the_process_exits(tmp_path: Path, answer: b
     assert told[-1] == "feedscope:   probe show " + runs["val"]
 
 
+def test_the_answer_at_exit_is_of_the_loaders_that_asked_for_it(tmp_path: Path) -> None:
+    """A loader watched with answer=False into one store, then one with the answer into
+    another: the answer at exit is told from the second's store, not the first's."""
+    quiet, asked = tmp_path / "quiet.db", tmp_path / "asked.db"
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(f"""\
+        import torch
+        from torch.utils.data import DataLoader
+        from probe import watch
+        for batch in watch(DataLoader(torch.zeros(8, 3), batch_size=4), name="quiet",
+                           db={str(quiet)!r}, answer=False):
+            pass
+        for batch in watch(DataLoader(torch.zeros(8, 3), batch_size=4), name="asked",
+                           db={str(asked)!r}):
+            pass
+        """))  # fmt: skip
+    result = run_captured([sys.executable, script], timeout=300)
+    assert result.returncode == 0, result.stderr
+    told = [line for line in result.stderr.splitlines() if line.startswith("feedscope: ")]
+    with Store(asked) as store:
+        (run,) = store.runs()
+    assert told and told[0].startswith("feedscope: asked, ") and "quiet" not in result.stderr
+    assert told[-1] == f"feedscope:   probe show {run.run_id}"
+
+
 @pytest.mark.skipif(
     shutil.which("taskset") is None or (os.cpu_count() or 1) < 2,
     reason="taskset keeps the job to one core of two or more",

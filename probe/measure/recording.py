@@ -68,14 +68,17 @@ class Answer:
     tell: Callable[[Path, str], list[str]] | None = None  # (store, a run) -> the lines
     elsewhere = False
     first: tuple[Path, str] | None = None  # the process's first watched run: store, run id
+    asked: tuple[Path, str] | None = None  # its first run watched with the answer at exit
 
     @classmethod
     def started(cls, store_path: Path, run_id: str, at_exit: bool) -> None:
         """Notes a watched run's start; `at_exit`: tells the answer when the process exits,
         after its runs have ended (atexit runs the last registered first, and every run's own
-        end is registered after this)."""
+        end is registered after this), from the store of the first run that asked for it."""
         if cls.first is None:
             cls.first = (store_path, run_id)
+        if at_exit and cls.asked is None:
+            cls.asked = (store_path, run_id)
         if at_exit and cls.tell is None and cls.teller is not None:
             try:
                 cls.tell = cls.teller()  # loaded now: an exiting process cannot load it
@@ -86,10 +89,10 @@ class Answer:
 
     @classmethod
     def _told(cls) -> None:
-        if cls.elsewhere or cls.tell is None or cls.first is None:
+        if cls.elsewhere or cls.tell is None or cls.asked is None:
             return
         try:
-            lines = cls.tell(*cls.first)
+            lines = cls.tell(*cls.asked)
         except Exception as error:  # the process is ending: one line, never a traceback
             lines = [f"no answer: {error}"]
         for line in lines:
