@@ -141,7 +141,10 @@ def test_an_epoch_fix_is_weighed_against_yours_read_epoch_by_epoch(name: str, st
     for item in fixes:
         assert item.predicted_images_per_s > epochs, item
         assert item.predicted_images_per_s != first.predicted_images_per_s, item
-        assert re.search(r"\+\d+% on num_workers=2 read epoch by epoch", item.notes[-1]), item
+        # its gain with its error: the two figures are two runs'
+        assert re.search(r"\+\d+% ± \d+% on num_workers=2 read epoch by epoch", item.notes[-1]), (
+            item
+        )
     for item in aside:
         assert (
             "read epoch by epoch" in item.notes[-1] and "against the answer" not in item.notes[-1]
@@ -150,7 +153,7 @@ def test_an_epoch_fix_is_weighed_against_yours_read_epoch_by_epoch(name: str, st
         r.change.knob is Knob.SAMPLER for r in listed
     )
     assert re.search(r"an endless sampler \(sampler=endless\) reads it as one stream, at this "
-                     r"figure, \+\d+%", first.notes[-1]), first.notes  # fmt: skip
+                     r"figure, \+\d+% ± \d+%", first.notes[-1]), first.notes  # fmt: skip
     # the old documents: the fixes set aside against the answer as a stream, and the endless
     # sampler quoted below the run it names (684 for a run of 694)
     old = old_text(name)
@@ -285,3 +288,26 @@ def test_the_doctors_own_documents_after_the_change_keep_the_rules(name: str) ->
         if n.startswith("not recommended") and ("sampler" in n or "epoch" in n)
     )
     assert not any(r["setting"] == "sampler=endless" for r in recommendations[:1])
+
+
+def test_an_epoch_fix_gains_beyond_both_figures_errors() -> None:
+    """A fix's figure (its stream's runs) and yours read epoch by epoch are two runs' figures:
+    a gain within their errors together (here 29 images/s against ± 7 and ± 33) is no gain
+    shown, and is set aside; one beyond them is listed with its gain and that error."""
+    from probe.judge.changes import Change, Recommendation
+    from probe.judge.doctor.plan import _against_epochs
+    from probe.judge.results import EpochsRun
+
+    epochs = EpochsRun(2, 10, False, 700.0, None, "20261128-000000-0000", 661.0, 7.0)
+
+    def fix(knob: Knob, rate: float, error: float) -> Recommendation:
+        return Recommendation(
+            knob.value, Change(knob, True), rate, "measured", predicted_error=error
+        )
+
+    close, clear = fix(Knob.PERSISTENT_WORKERS, 690.0, 33.0), fix(Knob.SAMPLER, 720.0, 10.0)
+    keep, aside = _against_epochs([close, clear], epochs)
+    assert [r.change.knob for r in keep] == [Knob.SAMPLER]
+    assert keep[0].notes[-1].startswith("+9% ± 2% on num_workers=2 read epoch by epoch (661 ± 7")
+    assert [r.change.knob for r in aside] == [Knob.PERSISTENT_WORKERS]
+    assert aside[0].notes[-1].startswith("not recommended: predicted 690 images/s, +4% ± 5% on ")

@@ -63,7 +63,7 @@ from probe.measure.lane import Read
 from probe.measure.runner import Lanes
 from probe.metrics import CPU, IMAGES_PER_S, signed
 from probe.records import RunStatus
-from probe.steady import Estimate, above, at_least
+from probe.steady import Estimate, above, at_least, margin
 from probe.store.db import Store
 from probe.store.documents import read_run
 
@@ -262,11 +262,12 @@ def _ranked(
         and first.change == yours(baseline.setting)
     ):
         gaining.remove(endless)
+        by_epoch = Estimate(epochs.images_per_s, epochs.images_per_s_error, 0)
+        _, gain = _gain(Estimate(rate, endless.predicted_error, 0), by_epoch)
         note = (
             f"read epoch by epoch, as a `for` loop per epoch reads it, it gave "
-            f"{IMAGES_PER_S.text(epochs.images_per_s, epochs.images_per_s_error)} (run "
-            f"{epochs.run_id}): an endless sampler ({endless.setting}) reads it as one stream, "
-            f"at this figure, {signed(rate / epochs.images_per_s - 1)}"
+            f"{IMAGES_PER_S.text(by_epoch.value, by_epoch.error)} (run {epochs.run_id}): an "
+            f"endless sampler ({endless.setting}) reads it as one stream, at this figure, {gain}"
         )
         recommendations[0] = replace(first, notes=(*first.notes, note))
     listed, aside = one_each([*recommendations, *gaining]), one_each([*asides, *below, *losing])
@@ -297,8 +298,8 @@ def _against_epochs(
     fixes: list[Recommendation], epochs: EpochsRun
 ) -> tuple[list[Recommendation], list[Recommendation]]:
     """The epoch reading's fixes that gain over your setting read epoch by epoch (the reading
-    they change) beyond that figure's error, each with its gain; and those that gain nothing
-    so compared, set aside with what they give against it. A fix not predicted is kept."""
+    they change) beyond the two figures' errors, each with its gain; and those that do not so
+    compared, set aside with what they give against it. A fix not predicted is kept."""
     if epochs.images_per_s is None or not fixes:
         return fixes, []
     mine = Estimate(epochs.images_per_s, epochs.images_per_s_error, 0)
@@ -312,13 +313,24 @@ def _against_epochs(
         if rate is None:
             keep.append(item)
             continue
-        gain = signed(rate / mine.value - 1)
-        if rate - mine.value > (mine.error or 0.0):
+        beyond, gain = _gain(Estimate(rate, item.predicted_error, 0), mine)
+        if beyond:
             keep.append(replace(item, notes=(*item.notes, f"{gain} on {against}")))
         else:
             cost = f"not recommended: predicted {IMAGES_PER_S.text(rate)}, {gain} on {against}"
             aside.append(replace(item, notes=(*item.notes, cost)))
     return keep, aside
+
+
+def _gain(rate: Estimate, mine: Estimate) -> tuple[bool, str]:
+    """`rate` against `mine`, two runs' figures: whether it gains beyond their errors, and the
+    gain as shown with its error, "+5% ± 3%"."""
+    error = margin(rate, 1.0, mine)
+    shown = signed(rate.value / mine.value - 1)
+    return (
+        rate.value - mine.value > error,
+        f"{shown} ± {error / mine.value:.0%}" if error else shown,
+    )
 
 
 def _dali_fell_back(points: Points, recommendations: list[Recommendation]) -> None:
