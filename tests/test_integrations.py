@@ -415,6 +415,70 @@ def test_probe_watch_passes_the_scripts_exit_code_on(tmp_path: Path) -> None:
     ]
 
 
+def test_a_loader_made_anew_each_epoch_ends_its_run_when_dropped(tmp_path: Path) -> None:
+    """A script that makes its DataLoader anew each epoch (as Lightning's
+    reload_dataloaders_every_n_epochs does): each loader it drops ends its run, and its
+    samplers and writer, once collected. They were kept to the exit: a sampler set and a writer
+    more each epoch, until they took the job's CPU and the store's lock."""
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""\
+        import gc, threading, time
+        import torch
+        from torch.utils.data import DataLoader
+        def writers():
+            return sum(t.name == "feedscope-watch" for t in threading.enumerate())
+        for epoch in range(6):
+            gc.collect()  # the loaders dropped end their runs; their writers, soon after
+            waited = time.monotonic() + 10
+            while writers() > 1 and time.monotonic() < waited:
+                time.sleep(0.05)
+            print(writers())
+            loader = DataLoader(torch.zeros(16, 3), batch_size=4)
+            for batch in loader:
+                pass
+        """))  # fmt: skip
+    db = tmp_path / "store.db"
+    result = probe_cli("watch", "--db", db, "--", script)
+    assert result.returncode == 0, result.stderr
+    # the loader of the epoch before is still the script's `loader`; those before it are gone
+    assert result.stdout.split()[:6] == ["0", "1", "1", "1", "1", "1"], result.stdout
+    with Store(db) as store:
+        runs = store.runs()
+        assert len(runs) == 6
+        for run in runs:
+            (lane,) = store.lanes(run.run_id)
+            assert lane.status is RunStatus.COMPLETED, (run.label, lane.reason)
+
+
+def test_a_loop_stopped_by_ctrl_c_while_it_waits_reads_interrupted(tmp_path: Path) -> None:
+    """Ctrl-C while the loop waits for a batch (where a starved job spends its time): the run
+    reads interrupted, not completed, though the script goes on and drops its loader."""
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(f"""\
+        import gc
+        from probe import watch
+        def batches():
+            for step in range(40):
+                if step == 5:
+                    raise KeyboardInterrupt  # as a Ctrl-C in the loader's next()
+                yield step
+        loop = watch(batches(), name="stopped", db={str(tmp_path / "store.db")!r}, answer=False)
+        try:
+            for batch in loop:
+                pass
+        except KeyboardInterrupt:
+            pass
+        del loop
+        gc.collect()
+        """))  # fmt: skip
+    result = run_captured([sys.executable, script], timeout=300)
+    assert result.returncode == 0, result.stderr
+    with Store(tmp_path / "store.db") as store:
+        (run,) = store.runs()
+    lane = first_lane(tmp_path / "store.db", run.run_id)
+    assert (lane["status"], lane["reason"]) == ("interrupted", "interrupted (Ctrl-C)")
+
+
 def test_a_loader_the_script_watches_itself_is_one_run(tmp_path: Path) -> None:
     script = tmp_path / "watched.py"
     script.write_text(textwrap.dedent("""\

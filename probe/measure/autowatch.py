@@ -29,6 +29,7 @@ import os
 import runpy
 import sys
 import traceback
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -181,15 +182,19 @@ class Watching:
     options: dict[str, Any]  # watch()'s: name, db, sample_hz, warmup; the run's command
     outlets: Outlets
     swap: Swap | None = None
-    watched: list[Watched[Any]] = field(default_factory=list)
-    _of: dict[int, Watched[Any]] = field(default_factory=dict)  # id(loader): kept alive here
+    # Each loader's `Watched`, held by the loader itself: a loader the script drops (one made
+    # anew each epoch) ends its run, and its samplers, when it is collected, not at the exit.
+    watched: list[weakref.ref[Watched[Any]]] = field(default_factory=list)
+    _of: dict[int, weakref.ref[Watched[Any]]] = field(default_factory=dict)  # by id(loader)
+    _kept: list[Watched[Any]] = field(default_factory=list)  # those a loader cannot hold
     _swapped: int | None = None  # id(loader) swapped
     _given = 0  # batches the swapped loader gave
 
     def iterate(self, loader: Any, original: Callable[[Any], Iterator[Any]]) -> Iterator[Any]:
         if iterated_by_watch():  # a loader's own iter(), or one your code wraps in watch()
             return original(loader)
-        watched = self._of.get(id(loader))
+        known = self._of.get(id(loader))
+        watched = None if known is None else known()
         if watched is None:
             source = loader
             swapping = self.swap is not None and self._swapped is None
@@ -203,11 +208,22 @@ class Watching:
             watched.command = self.options.get("command")
             if id(loader) == self._swapped and self.swap is not None and watched.command:
                 watched.command = {**watched.command, "swapped": self.swap.describe()}
-            self._of[id(loader)] = watched
-            self.watched.append(watched)
+            self._hold(loader, watched)
         if id(loader) == self._swapped and self.swap is not None and self.swap.batches:
             return self._bounded(iter(watched), self.swap.warmup + self.swap.batches)
         return iter(watched)
+
+    def _hold(self, loader: Any, watched: Watched[Any]) -> None:
+        """`watched` kept alive by `loader` (or here, for the swapped loader, whose id must
+        not be taken by another, and for a loader without attributes of its own)."""
+        self._of[id(loader)] = weakref.ref(watched)
+        self.watched.append(weakref.ref(watched))
+        try:
+            if id(loader) == self._swapped:
+                raise AttributeError("kept")
+            loader._feedscope_watched = watched
+        except (AttributeError, TypeError, ValueError):
+            self._kept.append(watched)
 
     @property
     def swapped(self) -> bool:
@@ -271,25 +287,39 @@ def run_script(script: Script, watching: Watching) -> int:
             _run(script)
     except TrialEnd:
         code, reason = 0, None
+    # Ended within each `except`: the error's frames still hold the script's loaders there, so
+    # that none is collected first and read completed (a loader dropped earlier was).
     except SystemExit as exit_:
         code, reason = _exit_code(exit_.code), f"the script exited with code {exit_.code}"
+        _end_runs(watching, code, reason)
     except KeyboardInterrupt:
         code, reason = 130, "interrupted (Ctrl-C)"
+        _end_runs(watching, code, reason)
     except BaseException as error:
         traceback.print_exc()
         code, reason = 1, f"the script failed: {type(error).__name__}: {error}".splitlines()[0]
+        _end_runs(watching, code, reason)
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
         if saved_db is None:
             os.environ.pop("FEEDSCOPE_DB", None)
         else:
             os.environ["FEEDSCOPE_DB"] = saved_db
-    for watched in watching.watched:
+    _end_runs(watching, code, reason)
+    return code
+
+
+def _end_runs(watching: Watching, code: int, reason: str | None) -> None:
+    """Ends the runs of the loaders still alive: completed where the script exited 0, else
+    interrupted with `reason` (a run already ended keeps its end)."""
+    for ref in watching.watched:
+        watched = ref()
+        if watched is None:  # collected: its run ended then
+            continue
         if code == 0:
             watched.close(RunStatus.COMPLETED)
         else:
             watched.close(RunStatus.INTERRUPTED, reason)
-    return code
 
 
 def _run(script: Script) -> None:

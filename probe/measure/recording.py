@@ -241,22 +241,25 @@ class Recording:
         """A timer for one `for` over the loader, numbering on from the others."""
         return BatchTimer(self.lane, self._wait_for_device, self._numbers)
 
-    def finish(self, status: RunStatus, reason: str | None) -> None:
-        """Ends the recording: the writer writes what is left, the lane's figures and status."""
-        if self._ended is not None:
-            return
-        self._ended = (status, reason)
-        self.ended = True
-        self._done.set()
-        self._thread.join(timeout=30)
-        atexit.unregister(self.finish_quietly)
+    def finish(self, status: RunStatus, reason: str | None, wait: bool = True) -> None:
+        """Ends the recording: the writer writes what is left, the lane's figures and status;
+        with `wait`, before this returns (else the writer ends on its own)."""
+        if self._ended is None:
+            self._ended = (status, reason)
+            self.ended = True
+            self._done.set()
+        if wait:
+            self._thread.join(timeout=30)
+            atexit.unregister(self.finish_quietly)
 
-    def finish_quietly(self, active: list[bool]) -> None:
-        """The run's end when nobody ended it: completed, unless a `for` was under way."""
+    def finish_quietly(self, active: list[bool], wait: bool = True) -> None:
+        """The run's end when nobody ended it: completed, unless a `for` was under way. Its
+        loader collected (`wait` False), it never waits: the collector may run in any thread,
+        the writer's own or one holding the store's lock, mid-transaction."""
         if active[0]:
-            self.finish(RunStatus.INTERRUPTED, "the process exited mid-loop")
+            self.finish(RunStatus.INTERRUPTED, "the process exited mid-loop", wait)
         else:
-            self.finish(RunStatus.COMPLETED, None)
+            self.finish(RunStatus.COMPLETED, None, wait)
 
     def _write_loop(self) -> None:
         from probe.store.documents import lane_figures_from_store

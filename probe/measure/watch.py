@@ -25,6 +25,7 @@ wait for: `synced=True`; where it cannot be told (torch not loaded), `synced=Fal
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 import weakref
@@ -156,7 +157,7 @@ class Watched(Generic[T]):
             self._started = True
             self._recording = Recording.start(self)
             if self._recording is not None:  # ends the run when this object goes
-                weakref.finalize(self, self._recording.finish_quietly, self._active)
+                weakref.finalize(self, _dropped, self._recording, self._active)
         return self._recording
 
     def __iter__(self) -> Iterator[T]:
@@ -186,7 +187,12 @@ class Watched(Generic[T]):
                     events.append(self._warm(timer.done(size, epoch)))
                 size = None
                 timer.ask(timer.done_ns)
-        except (GeneratorExit, KeyboardInterrupt):  # the loop was left, or stopped by Ctrl-C
+        except GeneratorExit:  # the loop was left: it may be iterated again
+            raise
+        except KeyboardInterrupt:  # stopped by Ctrl-C: interrupted, whoever ends the run, and
+            # even where the script goes on and drops the loader (not waited for: its writer
+            # would make the Ctrl-C wait)
+            recording.finish(RunStatus.INTERRUPTED, "interrupted (Ctrl-C)", wait=False)
             raise
         except BaseException as error:  # the loader failed: recorded, and raised on
             reason = f"{type(error).__name__}: {error}".splitlines()[0]
@@ -199,6 +205,29 @@ class Watched(Generic[T]):
 
     def _warm(self, event: BatchEvent) -> BatchEvent:
         return replace(event, warmup=True) if self._warmup.warming(event) else event
+
+
+_collecting = threading.Event()  # a collection of cycles is under way (`gc.callbacks`)
+
+
+def _collection(phase: str, _: dict[str, int]) -> None:
+    if phase == "start":
+        _collecting.set()
+    else:
+        _collecting.clear()
+
+
+gc.callbacks.append(_collection)
+
+
+def _dropped(recording: Recording, active: list[bool]) -> None:
+    """A watched loader gone: its run ends. Where the loop let it go (`for batch in
+    watch(loader)` ended), the run's end is written before the code goes on, as `close()`
+    writes it. Where a collection of cycles took it (a loader the script dropped, which holds
+    its `Watched`), the writer ends on its own: a collection runs in any thread, the writer's or
+    one holding the store's lock mid-transaction, and waiting there for a writer could hold
+    them both."""
+    recording.finish_quietly(active, wait=not _collecting.is_set())
 
 
 class Hooked:
