@@ -31,7 +31,7 @@ import sys
 import traceback
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -218,12 +218,11 @@ class Watching:
         not be taken by another, and for a loader without attributes of its own)."""
         self._of[id(loader)] = weakref.ref(watched)
         self.watched.append(weakref.ref(watched))
-        try:
-            if id(loader) == self._swapped:
-                raise AttributeError("kept")
-            loader._feedscope_watched = watched
-        except (AttributeError, TypeError, ValueError):
-            self._kept.append(watched)
+        if id(loader) != self._swapped:
+            with suppress(AttributeError, TypeError, ValueError):
+                loader._feedscope_watched = watched
+                return
+        self._kept.append(watched)
 
     @property
     def swapped(self) -> bool:

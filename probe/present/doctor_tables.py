@@ -142,6 +142,13 @@ def pairs_gain(session: Session) -> tuple[Estimate, str] | None:
     return None if ratio is None else (ratio, over)
 
 
+def _dali_named(dali: DaliRun, after: str = "") -> str:
+    """How DALI's figure is named: "at its best" only of several settings its search tried."""
+    return (
+        f"DALI at its best{after}" if len(dali.tried) > 1 else "DALI, the one setting it searched"
+    )
+
+
 def dataloader_against_dali(session: Session) -> str | None:
     """The DataLoader against DALI in a doctor session's own figures, those its answer weighed:
     where the two were measured in alternation, that DataLoader setting and DALI, each its runs
@@ -155,7 +162,7 @@ def dataloader_against_dali(session: Session) -> str | None:
     assert theirs is not None  # judged: measured
     gain = pairs_gain(session)
     loader = None if gain is None else session.shown(gain[1])
-    at_best = "DALI at its best" if len(dali.tried) > 1 else "DALI, the one setting it searched"
+    at_best = _dali_named(dali)
     if gain is not None and loader is not None:
         ratio, over = gain
         error = "" if ratio.error is None else f" ± {ratio.error:.0%}"
@@ -241,10 +248,7 @@ def dali_lines(session: Session) -> list[str]:
     searched = IMAGES_PER_S.text(dali.images_per_s, dali.images_per_s_error)
     figure = session.shown(dali.change.setting)
     assert figure is not None  # judged: measured
-    best = (
-        "DALI at its best measured" if len(dali.tried) > 1 else "DALI, the one setting it searched"
-    )
-    line = f"{best}, {dali.change.setting}: {figure.text}{scope}"
+    line = f"{_dali_named(dali, ' measured')}, {dali.change.setting}: {figure.text}{scope}"
     wait = f"{DATA_WAIT.label} {DATA_WAIT.text(dali.data_wait_frac)}"
     if figure.run_ids != (dali.run_id,):
         line += f", {figure.source} (its search's run: {searched}, {wait})"
