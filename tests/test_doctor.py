@@ -83,17 +83,34 @@ def doctor_reading(
     yours: int,
     grid: list[int],
     budget_s: float,
+    of_first: bool = False,
 ) -> dict[str, Any]:
     """The doctor on `yours` workers, each of its runs read at `factor(its label)` of what it
-    measured, as a machine that changed under it would give them. Its session's document."""
+    measured, as a machine that changed under it would give them; with `of_first`, a setting's
+    runs after the sweep ("verify S", "in alternation: S") at that factor of the sweep's figure
+    of S instead, so that how far they read from their prediction is the test's, not this shared
+    host's (whose runs of one setting minutes apart differ by a third at times). Its session's
+    document."""
     real = session_points.point_of
+    first: dict[str, SweepPoint] = {}
 
     def reading(store: Store, document: RunDocument, setting: int) -> SweepPoint:
         point = real(store, document, setting)
-        return replace(point, images_per_s=factor(document.label or "") * point.images_per_s)
+        label = document.label or ""
+        first.setdefault(label, point)
+        setting_of = label.removeprefix("verify ").removeprefix("in alternation: ")
+        base = first.get(setting_of, point) if of_first else point
+        if not point.images_per_s or not base.images_per_s:
+            return point  # a run that failed reads as it did
+        rate = factor(label) * base.images_per_s
+        scale = rate / point.images_per_s  # its own relative error kept
+        error = None if point.images_per_s_error is None else scale * point.images_per_s_error
+        return replace(point, images_per_s=rate, images_per_s_error=error)
 
-    # wherever the doctor reads its own runs' points: its verification (answer) and runs in
-    # alternation (alternation), DALI's search (dali_search) and the epoch reading (points)
+    # wherever the doctor reads its own runs' points: the sweep (session), its verification
+    # (answer) and runs in alternation (alternation), DALI's search (dali_search) and the epoch
+    # reading (points)
+    monkeypatch.setattr("probe.judge.session.point_of", reading)
     for module in ("answer", "alternation", "dali_search", "points"):
         monkeypatch.setattr(f"probe.judge.doctor.{module}.point_of", reading)
     spec = PipelineSpec(photos, batch_size=32, image_size=96,
@@ -116,9 +133,9 @@ def doctor_whose_verification_reads(
 ) -> dict[str, Any]:
     """The doctor on no workers (the training process decodes: more workers are faster, and
     the doctor recommends a change), its change's runs after its first (the verification, and
-    those in alternation with yours) read at `factor` of what they measured, yours there at
-    `yours_later`. DALI's points are read at half: the change is one of workers, not a migration
-    that DALI's 15% bar decides by the host's noise."""
+    those in alternation with yours) read at `factor` of the sweep's figure of the change, yours
+    there at `yours_later` of the sweep's figure of yours. DALI's points are read at half: the
+    change is one of workers, not a migration that DALI's 15% bar decides by the host's noise."""
 
     def changed(label: str) -> float:
         if label.startswith("DALI"):
@@ -127,7 +144,7 @@ def doctor_whose_verification_reads(
             return 1.0
         return yours_later if label.endswith("num_workers=0") else factor
 
-    return doctor_reading(changed, photos, db, monkeypatch, 0, [0, 1, 2], 240.0)
+    return doctor_reading(changed, photos, db, monkeypatch, 0, [0, 1, 2], 240.0, of_first=True)
 
 
 def test_a_change_its_verification_refutes_is_not_the_answer(
