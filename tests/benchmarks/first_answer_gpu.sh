@@ -5,7 +5,7 @@
 #   bash tests/benchmarks/first_answer_gpu.sh OUT data|doctor1|doctor2|watch
 #   data      12,800 JPEGs of the sample data's size (300-640 px a side) in /tmp/fa/train, 512 in
 #             /tmp/fa/val
-#   doctorN   `probe doctor`, all defaults (the built-in sample data, every core, the GPU), then
+#   doctorN   `probe doctor --data /tmp/fa/train`, all else default (every core, the GPU), then
 #             `probe show last --json`
 #   watch     pytorch/examples' ImageNet script (ResNet-50, batch 128, 4 workers, 2 epochs of 100
 #             batches, a validation pass after each), unchanged, under `probe watch --`, held to 8
@@ -27,7 +27,7 @@ data)
   python3 -m probe data make /tmp/fa/val --count 512 --seed 2 >> "$out/data.log" 2>&1
   ;;
 doctor1 | doctor2)
-  python3 -m probe doctor > "$out/$step.txt" 2>&1 || echo "doctor rc $?" >> "$out/$step.txt"
+  python3 -m probe doctor --data /tmp/fa/train > "$out/$step.txt" 2>&1 || echo "doctor rc $?" >> "$out/$step.txt"
   python3 -m probe show last --json > "$out/$step.json" 2>> "$out/$step.txt" || true
   ;;
 watch)
