@@ -260,6 +260,15 @@ def read_by_epoch(advice: Recommendation, lane: LaneFacts, lanes: int = 1) -> Re
     )
 
 
+def _measures_rounds(lane: LaneFacts, target: int) -> str:
+    """What measures a loader at `target` workers read epoch by epoch: a watched job's own
+    loader runs only in the job (`probe tune` runs it there; `probe doctor --like` measures
+    feedscope's DataLoader, not this one); feedscope's, `probe run`."""
+    if lane.watched_run:
+        return "the job's own loader: `probe tune` measures it on the job itself"
+    return f"`probe run --read epochs --workers {target}` measures it"
+
+
 def in_rounds(lane: LaneFacts, lanes: int = 1) -> Recommendation | None:
     """More workers for a DataLoader read epoch by epoch, predicted in rounds
     (`rounds_images_per_s`): the fewest workers within KNEE_WITHIN of the best up to the cores,
@@ -311,9 +320,8 @@ def in_rounds(lane: LaneFacts, lanes: int = 1) -> Recommendation | None:
         f"estimated, not measured: read epoch by epoch, {batches} batches an epoch made in "
         f"rounds of a batch per worker: {epoch_s:,.1f} s an epoch at {counted(now, 'worker')}, "
         f"{counted(rounds_now, 'round')} after {starting}{cpu}; {counted(rounds, 'round')} at "
-        f"{counted(target, 'worker')} "
-        f"({fewest} at {settings[-1]}); at most the consumer's rate; `probe doctor --like "
-        f"{lane.watched_run or 'RUN'}` measures it"
+        f"{counted(target, 'worker')} ({fewest} at {settings[-1]}); at most the consumer's "
+        f"rate; {_measures_rounds(lane, target)}"
     )
     action = (
         f"raise num_workers from {now} to {target}: its {batches} batches an epoch take "

@@ -207,12 +207,14 @@ def below_the_answer(
 
 
 def set_aside(
-    recommendations: Sequence[Recommendation], yours: Estimate, own: Change
+    recommendations: Sequence[Recommendation], yours: Estimate, own: Change, source: str = ""
 ) -> tuple[list[Recommendation], list[Recommendation]]:
     """The recommendations that may gain, and the changes set aside: those predicted or
     measured significantly below `yours` (your setting `own` as measured, for the job; beyond
     both errors and the drift between runs). A change that loses is no recommendation; it is
-    told after them, with what it costs (fewer workers may be worth it to free cores)."""
+    told after them, with what it costs (fewer workers may be worth it to free cores). `source`
+    names whose figure `yours` is where the page may show yours at another (a doctor's: its
+    run in the sweep, where the answer may pool its runs in alternation)."""
     keep, aside = [], []
     for item in recommendations:
         rates = [
@@ -230,7 +232,8 @@ def set_aside(
         worst = min(rate.value for rate in loses)
         cost = (
             f"not recommended: {IMAGES_PER_S.text(worst)}, {signed(worst / yours.value - 1)} "
-            f"against yours ({IMAGES_PER_S.text(yours.value, yours.error)}, {own.setting})"
+            f"against yours ({IMAGES_PER_S.text(yours.value, yours.error)}, {own.setting}"
+            f"{', ' + source if source else ''})"
         )
         aside.append(replace(item, notes=(*item.notes, cost)))
     return keep, aside

@@ -213,7 +213,8 @@ def answer(
     ranked = recommend_measured(analysis, baseline, verdict, curve if verdict.reliable else None)
     if not verdict.reliable:
         return ranked, [], dali
-    ranked, asides = set_aside(ranked, baseline.estimate, workers(baseline.setting))
+    run = "" if baseline.run_id is None else f"run {baseline.run_id}"
+    ranked, asides = set_aside(ranked, baseline.estimate, workers(baseline.setting), run)
     ranked, below = below_the_answer(ranked, keep_yours(baseline))
     asides = [*asides, *below]
     point = _point_of(analysis, ranked[0].change) or baseline
@@ -419,7 +420,7 @@ def _dali_call(
     else:
         outcome = (
             f"{call.how}, {gain}: {need} lies within that; either may be the answer, and "
-            f"{a.setting}, the smaller change, stays first; {call.undecided()}"
+            f"{smaller_first(a.setting)}; {call.undecided()}"
         )
         either = f"either: {gain}, and {need} lies within that"
         out = [
@@ -429,6 +430,12 @@ def _dali_call(
         out += rest
         dali = replace(dali, advice=either)
     return _verification(session, base, top, call, outcome), one_each(out), dali
+
+
+def smaller_first(setting: str, first: bool = True) -> str:
+    """The DataLoader's change before DALI where the pairs hold the call: it stays first, or
+    (`first` False: yours, measured faster, is the answer) it goes before DALI."""
+    return f"{setting}, the smaller change, " + ("stays first" if first else "goes before DALI")
 
 
 def _pair_length(session: WarmSession) -> float:

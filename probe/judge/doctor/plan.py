@@ -23,6 +23,7 @@ from probe.judge.doctor.answer import (
     keep_yours,
     knee_told,
     loader_at_best,
+    smaller_first,
     verify,
     weigh_dali,
 )
@@ -176,7 +177,7 @@ def run_doctor(
         scaled = _scaling(session, base, analysis.knee, curve, dali, cores, scaling)
         # what is left of the budget reads your setting epoch by epoch: what its starts cost
         epochs = epochs_point(session, base, baseline, checked)
-        recommendations, asides, epochs = _ranked(
+        recommendations, asides, epochs, verification = _ranked(
             store, recommendations, asides, baseline, verdict, epochs, verification
         )
         if ahead and recommendations and recommendations[0].change.knob is not Knob.PIPELINE:
@@ -236,18 +237,23 @@ def _ranked(
     verdict: Verdict,
     epochs: EpochsRun,
     verification: Verification | None,
-) -> tuple[list[Recommendation], list[Recommendation], EpochsRun]:
+) -> tuple[list[Recommendation], list[Recommendation], EpochsRun, Verification | None]:
     """The answer, each setting the pairs measured at its one figure (`in_alternation`), any
     change predicted below it set aside (`below_the_answer`), then the epoch reading's fixes
     where your setting's verdict is relied on, each weighed against your setting read the same
     way, epoch by epoch (`_against_epochs`). Where the answer is no change, read as one stream,
     the endless sampler is what gives it that figure: said in its notes, not listed at it.
-    Returns them, the changes set aside, and the epoch reading against that same figure."""
+    Returns them, the changes set aside, the epoch reading against that same figure, and the
+    verification, its outcome saying where the pairs' figure left the change it kept first
+    below yours (`_below_yours`)."""
     recommendations = list(in_alternation(recommendations, verification))
     mine = None  # no change, at its one figure: its runs in alternation pooled, where paired
     if verdict.reliable:
         mine = in_alternation([keep_yours(baseline)], verification)[0]
+    checked = recommendations[0] if recommendations else None
     recommendations, below = below_the_answer(recommendations, mine)
+    if checked is not None and mine is not None and recommendations[0].change == mine.change:
+        below, verification = _below_yours(checked, mine, below, verification)
     stream, source = _yours_as_stream(recommendations, baseline, verification)
     fixes = epoch_recommendations(store, epochs, baseline, stream, source) if mine else []
     gaining, losing = _against_epochs(fixes, epochs)
@@ -271,7 +277,34 @@ def _ranked(
         )
         recommendations[0] = replace(first, notes=(*first.notes, note))
     listed, aside = one_each([*recommendations, *gaining]), one_each([*asides, *below, *losing])
-    return listed, aside, epochs.against(stream.value)
+    return listed, aside, epochs.against(stream.value), verification
+
+
+def _below_yours(
+    checked: Recommendation,
+    mine: Recommendation,
+    below: list[Recommendation],
+    verification: Verification | None,
+) -> tuple[list[Recommendation], Verification | None]:
+    """Where the pairs kept `checked`, fewer workers, first (against DALI), and its figure
+    there fell below yours (`mine`), so that yours is the answer: the verification's outcome
+    says so, in its own words and in the notes of `checked`, set aside (it no longer "stays
+    first")."""
+    if verification is None or not verification.outcome or checked.change == mine.change:
+        return below, verification
+    was = verification.outcome
+    figure = IMAGES_PER_S.text(checked.predicted_images_per_s, checked.predicted_error)
+    ours = IMAGES_PER_S.text(mine.predicted_images_per_s, mine.predicted_error)
+    outcome = (
+        f"{was.replace(smaller_first(checked.setting), smaller_first(checked.setting, False))}; "
+        f"at its figure there, {figure}, {checked.setting} gives less than yours, "
+        f"{mine.setting} ({ours}): yours, no change, is the answer"
+    )
+    below = [
+        replace(item, notes=tuple(outcome if note == was else note for note in item.notes))
+        for item in below
+    ]
+    return below, replace(verification, outcome=outcome)
 
 
 def _yours_as_stream(
