@@ -335,7 +335,7 @@ def test_on_an_h200_the_pairs_outcome_says_which_answer_it_left(gpu_store: Store
     still said 13 stays first. Ranked again from the session: the outcome says what the answer
     became, in the verification and in 13's notes."""
     session = gpu_session("doctor1")
-    assert session.verdict is not None and session.verify is not None
+    assert session.verdict is not None and session.verify is not None and session.epochs is not None
     (thirteen,) = [r for r in session.asides if r.setting == "num_workers=13"]
     dali = [r for r in session.recommendations if r.change.knob is Knob.PIPELINE]
     before = [replace(thirteen, notes=thirteen.notes[:-1]), *dali]  # as the pairs left them
