@@ -252,7 +252,8 @@ def _ranked(
         mine = in_alternation([keep_yours(baseline)], verification)[0]
     checked = recommendations[0] if recommendations else None
     recommendations, below = below_the_answer(recommendations, mine)
-    if checked is not None and mine is not None and recommendations[0].change == mine.change:
+    taken = mine is not None and recommendations[0].change == mine.change  # yours now first
+    if checked is not None and mine is not None and taken and checked.change != mine.change:
         below, verification = _below_yours(checked, mine, below, verification)
     stream, source = _yours_as_stream(recommendations, baseline, verification)
     fixes = epoch_recommendations(store, epochs, baseline, stream, source) if mine else []
@@ -290,7 +291,7 @@ def _below_yours(
     there fell below yours (`mine`), so that yours is the answer: the verification's outcome
     says so, in its own words and in the notes of `checked`, set aside (it no longer "stays
     first")."""
-    if verification is None or not verification.outcome or checked.change == mine.change:
+    if verification is None or not verification.outcome:
         return below, verification
     was = verification.outcome
     figure = IMAGES_PER_S.text(checked.predicted_images_per_s, checked.predicted_error)
